@@ -1,0 +1,241 @@
+//! Options: one table of `{name, default, description}`, read once from `EDGEPOOL_<NAME>`.
+//!
+//! Parsing is pure and allocation-free. Sizes accept a plain number of bytes or a `K`, `M`, `G` suffix
+//! (powers of 1024, optional trailing `B`/`iB`); booleans accept `1/true/yes/on` and `0/false/no/off`.
+//! A bad value is reported once on stderr and the default is kept.
+#![forbid(unsafe_code)]
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Size,
+    Bool,
+}
+
+pub struct OptionDef {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: u64,
+    pub description: &'static str,
+}
+
+/// Indices into [`OPTIONS`].
+pub const RESERVE: usize = 0;
+pub const MAX_BLOCK: usize = 1;
+pub const RETAIN: usize = 2;
+pub const LIMIT: usize = 3;
+pub const VERBOSE: usize = 4;
+pub const STATS: usize = 5;
+
+/// Every option edgepool reads. The README's table is this table.
+pub const OPTIONS: [OptionDef; 6] = [
+    OptionDef {
+        name: "RESERVE",
+        kind: Kind::Size,
+        default: 64 << 30,
+        description: "address space reserved for the heap (not memory: pages are committed on use)",
+    },
+    OptionDef {
+        name: "MAX_BLOCK",
+        kind: Kind::Size,
+        default: 64 << 20,
+        description: "largest buddy block (power of two, 256K..1G); larger requests are mapped directly",
+    },
+    OptionDef {
+        name: "RETAIN",
+        kind: Kind::Size,
+        default: 8 << 20,
+        description: "free heap memory kept resident for reuse; beyond it freed blocks go back to the OS",
+    },
+    OptionDef {
+        name: "LIMIT",
+        kind: Kind::Size,
+        default: 0,
+        description: "budget of bytes taken from the OS (0 = none); requests beyond it fail cleanly",
+    },
+    OptionDef {
+        name: "VERBOSE",
+        kind: Kind::Bool,
+        default: 0,
+        description: "print once that edgepool is active, with the options in effect",
+    },
+    OptionDef {
+        name: "STATS",
+        kind: Kind::Bool,
+        default: 0,
+        description: "print edgepool's statistics to stderr at process exit",
+    },
+];
+
+/// Parses a decimal unsigned number (the whole slice).
+pub fn parse_u64(s: &[u8]) -> Option<u64> {
+    let s = trim(s);
+    if s.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in s {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+    }
+    Some(v)
+}
+
+fn trim(s: &[u8]) -> &[u8] {
+    let mut a = 0;
+    let mut b = s.len();
+    while a < b && (s[a] == b' ' || s[a] == b'\n' || s[a] == b'\t') {
+        a += 1;
+    }
+    while b > a && (s[b - 1] == b' ' || s[b - 1] == b'\n' || s[b - 1] == b'\t') {
+        b -= 1;
+    }
+    &s[a..b]
+}
+
+/// Parses a size: `4096`, `64K`, `180M`, `2G`, `2GiB`, `512kb` (case-insensitive suffixes).
+pub fn parse_size(s: &[u8]) -> Option<u64> {
+    let s = trim(s);
+    let mut end = s.len();
+    let lower = |c: u8| c.to_ascii_lowercase();
+    // strip "b" / "ib"
+    if end > 0 && lower(s[end - 1]) == b'b' {
+        end -= 1;
+        if end > 0 && lower(s[end - 1]) == b'i' {
+            end -= 1;
+        }
+    }
+    let (num, shift) = match s[..end].last().map(|&c| lower(c)) {
+        Some(b'k') => (&s[..end - 1], 10),
+        Some(b'm') => (&s[..end - 1], 20),
+        Some(b'g') => (&s[..end - 1], 30),
+        Some(b't') => (&s[..end - 1], 40),
+        _ => {
+            if end != s.len() && !(end + 1 == s.len()) {
+                return None; // "iB" without a unit letter
+            }
+            (&s[..end], 0)
+        }
+    };
+    let v = parse_u64(num)?;
+    v.checked_mul(1u64 << shift)
+}
+
+/// Parses a boolean.
+pub fn parse_bool(s: &[u8]) -> Option<bool> {
+    let s = trim(s);
+    let eq = |w: &[u8]| s.len() == w.len() && s.iter().zip(w).all(|(a, b)| a.to_ascii_lowercase() == *b);
+    if eq(b"1") || eq(b"true") || eq(b"yes") || eq(b"on") {
+        Some(true)
+    } else if eq(b"0") || eq(b"false") || eq(b"no") || eq(b"off") || s.is_empty() {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Checks an option's value beyond its syntax; returns the value to use.
+pub fn validate(index: usize, v: u64) -> Option<u64> {
+    match index {
+        MAX_BLOCK => (v.is_power_of_two() && (256 << 10..=1 << 30).contains(&v)).then_some(v),
+        RESERVE => (v >= 16 << 20).then_some(v),
+        _ => Some(v),
+    }
+}
+
+/// The values in effect: defaults overridden by the environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Values(pub [u64; OPTIONS.len()]);
+
+impl Default for Values {
+    fn default() -> Self {
+        Self::defaults()
+    }
+}
+
+impl Values {
+    pub const fn defaults() -> Values {
+        let mut v = [0u64; OPTIONS.len()];
+        let mut i = 0;
+        while i < OPTIONS.len() {
+            v[i] = OPTIONS[i].default;
+            i += 1;
+        }
+        Values(v)
+    }
+
+    /// Applies one `NAME=value` pair (name without the `EDGEPOOL_` prefix). Returns `Err(())` for a
+    /// known name with a bad value; unknown names are ignored (`Ok(false)`).
+    #[allow(clippy::result_unit_err)]
+    pub fn apply(&mut self, name: &[u8], value: &[u8]) -> Result<bool, ()> {
+        for (i, def) in OPTIONS.iter().enumerate() {
+            if def.name.as_bytes() == name {
+                let parsed = match def.kind {
+                    Kind::Size => parse_size(value),
+                    Kind::Bool => parse_bool(value).map(u64::from),
+                };
+                return match parsed.and_then(|v| validate(i, v)) {
+                    Some(v) => {
+                        self.0[i] = v;
+                        Ok(true)
+                    }
+                    None => Err(()),
+                };
+            }
+        }
+        Ok(false)
+    }
+
+    pub fn get(&self, i: usize) -> u64 {
+        self.0[i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size(b"4096"), Some(4096));
+        assert_eq!(parse_size(b"64K"), Some(64 << 10));
+        assert_eq!(parse_size(b"180M"), Some(180 << 20));
+        assert_eq!(parse_size(b"180m"), Some(180 << 20));
+        assert_eq!(parse_size(b"2G"), Some(2 << 30));
+        assert_eq!(parse_size(b"2GiB"), Some(2 << 30));
+        assert_eq!(parse_size(b"512kb"), Some(512 << 10));
+        assert_eq!(parse_size(b" 12 "), Some(12));
+        assert_eq!(parse_size(b""), None);
+        assert_eq!(parse_size(b"M"), None);
+        assert_eq!(parse_size(b"-1"), None);
+        assert_eq!(parse_size(b"1.5M"), None);
+        assert_eq!(parse_size(b"12x"), None);
+        assert_eq!(parse_size(b"99999999999999999999"), None);
+        assert_eq!(parse_size(b"99999999999T"), None);
+    }
+
+    #[test]
+    fn bools() {
+        for t in [&b"1"[..], b"true", b"YES", b"On"] {
+            assert_eq!(parse_bool(t), Some(true));
+        }
+        for f in [&b"0"[..], b"false", b"no", b"OFF", b""] {
+            assert_eq!(parse_bool(f), Some(false));
+        }
+        assert_eq!(parse_bool(b"maybe"), None);
+    }
+
+    #[test]
+    fn apply_keeps_default_on_bad_value() {
+        let mut v = Values::defaults();
+        assert_eq!(v.apply(b"LIMIT", b"180M"), Ok(true));
+        assert_eq!(v.get(LIMIT), 180 << 20);
+        assert_eq!(v.apply(b"MAX_BLOCK", b"3M"), Err(()));
+        assert_eq!(v.get(MAX_BLOCK), OPTIONS[MAX_BLOCK].default);
+        assert_eq!(v.apply(b"MAX_BLOCK", b"128M"), Ok(true));
+        assert_eq!(v.get(MAX_BLOCK), 128 << 20);
+        assert_eq!(v.apply(b"NOPE", b"1"), Ok(false));
+        assert_eq!(v.apply(b"VERBOSE", b"bogus"), Err(()));
+    }
+}

@@ -1,0 +1,337 @@
+//! The OS layer: the only module that calls libc.
+//!
+//! Every function here is allocation-free: it uses raw system calls (through `libc`'s thin wrappers,
+//! which do not allocate) and fixed buffers, so it may be called from inside the allocator, before any
+//! runtime is ready, and from the dynamic loader's own `malloc` calls when preloaded.
+
+use core::ffi::c_void;
+use core::sync::atomic::AtomicU32;
+
+/// The allocator's page: the granule of the buddy heap and of the page map. The OS page may be larger
+/// (16 KiB or 64 KiB on some arm64 kernels); [`purge`] rounds inwards to whole OS pages.
+pub const PAGE: usize = 4096;
+
+/// The OS page size, read from the auxiliary vector (no allocation, unlike `sysconf` on some libcs).
+pub fn os_page_size() -> usize {
+    // SAFETY: getauxval only reads the process's auxiliary vector.
+    let p = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
+    if p.is_power_of_two() {
+        p
+    } else {
+        PAGE
+    }
+}
+
+/// Reserves `len` bytes of address space with no access and no commit charge.
+/// Returns null on failure. `len` must be a multiple of [`PAGE`].
+pub fn reserve(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
+    // memory.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+/// Maps `len` fresh, zeroed, read-write bytes (committed lazily by the kernel on first touch).
+/// Returns null on failure.
+pub fn map(len: usize) -> *mut u8 {
+    // SAFETY: as in `reserve`: a new anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+/// Makes `[p, p+len)` of a reservation readable and writable. Pages read as zero until written.
+///
+/// # Safety
+/// - `p` is page aligned and `[p, p+len)` lies inside a mapping made by [`reserve`] or [`map`].
+pub unsafe fn commit(p: *mut u8, len: usize) -> bool {
+    // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
+    unsafe { libc::mprotect(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
+}
+
+/// Returns the physical pages of `[p, p+len)` to the OS. Returns `true` only when the whole range was
+/// returned and therefore reads as zero afterwards; on `false` (the range is not whole OS pages, or
+/// `madvise` failed, e.g. on locked pages) the contents must not be assumed zero. The range stays
+/// mapped and usable either way.
+///
+/// # Safety
+/// - `[p, p+len)` lies inside a read-write private anonymous mapping of ours and holds no live data.
+pub unsafe fn purge(p: *mut u8, len: usize) -> bool {
+    let ps = os_page_size();
+    let start = (p as usize + ps - 1) & !(ps - 1);
+    let end = (p as usize + len) & !(ps - 1);
+    if end <= start {
+        // No whole OS page inside: nothing can be returned, and nothing may be assumed zero.
+        return false;
+    }
+    // SAFETY: the caller guarantees the range is ours and dead; MADV_DONTNEED on a private anonymous
+    // mapping drops the pages, which read back as zero.
+    unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) == 0 && start == p as usize && end == p as usize + len }
+}
+
+/// Unmaps `[p, p+len)`.
+///
+/// # Safety
+/// - the range was mapped by this module and holds nothing anyone will touch again.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller. errno is saved and restored: `free` must preserve it.
+    unsafe {
+        let e = errno();
+        libc::munmap(p.cast(), len);
+        set_errno(e);
+    }
+}
+
+/// Resizes a mapping made by [`map`], possibly moving it. Returns null on failure (the old mapping is
+/// then intact).
+///
+/// # Safety
+/// - `[p, p+old)` is exactly one mapping made by [`map`].
+pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
+    // SAFETY: guaranteed by the caller; MREMAP_MAYMOVE keeps the contents.
+    let q = unsafe { libc::mremap(p.cast(), old, new, libc::MREMAP_MAYMOVE) };
+    if q == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        q.cast()
+    }
+}
+
+/// The calling thread's `errno`.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location always returns the valid thread-local errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's `errno`.
+pub fn set_errno(e: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Writes all of `bytes` to standard error, ignoring failure. Never allocates.
+pub fn write_stderr(bytes: &[u8]) {
+    let mut b = bytes;
+    while !b.is_empty() {
+        // SAFETY: the buffer is valid for `b.len()` bytes.
+        let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+        if n <= 0 {
+            return;
+        }
+        b = &b[n as usize..];
+    }
+}
+
+/// Prints `msg` and aborts the process. Used for heap corruption and broken invariants: never unwinds.
+pub fn fatal(msg: &[u8]) -> ! {
+    write_stderr(b"edgepool: fatal: ");
+    write_stderr(msg);
+    write_stderr(b"\n");
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// A small fixed-capacity text buffer for messages built without allocating.
+pub struct MsgBuf {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Default for MsgBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MsgBuf {
+    pub const fn new() -> Self {
+        MsgBuf { buf: [0; 512], len: 0 }
+    }
+    pub fn str(&mut self, s: &str) -> &mut Self {
+        for &c in s.as_bytes() {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = c;
+                self.len += 1;
+            }
+        }
+        self
+    }
+    pub fn num(&mut self, mut v: u64) -> &mut Self {
+        let mut tmp = [0u8; 20];
+        let mut i = tmp.len();
+        loop {
+            i -= 1;
+            tmp[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        for &c in &tmp[i..] {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = c;
+                self.len += 1;
+            }
+        }
+        self
+    }
+    pub fn hex(&mut self, v: usize) -> &mut Self {
+        self.str("0x");
+        let mut started = false;
+        for i in (0..16).rev() {
+            let d = (v >> (i * 4)) & 0xf;
+            if d != 0 || started || i == 0 {
+                started = true;
+                let c = b"0123456789abcdef"[d];
+                if self.len < self.buf.len() {
+                    self.buf[self.len] = c;
+                    self.len += 1;
+                }
+            }
+        }
+        self
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Waits while `*word == expected` (futex wait, private). Returns on wake-up, signal or mismatch.
+pub fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: the futex word is a valid, aligned u32 for the duration of the call.
+    unsafe {
+        let e = errno();
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            core::ptr::null::<libc::timespec>(),
+        );
+        set_errno(e);
+    }
+}
+
+/// Wakes one waiter on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`.
+    unsafe {
+        let e = errno();
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1);
+        set_errno(e);
+    }
+}
+
+/// Relaxes the CPU inside a spin loop.
+#[inline]
+pub fn spin_hint() {
+    core::hint::spin_loop();
+}
+
+extern "C" {
+    static mut environ: *const *const libc::c_char;
+}
+
+/// Calls `f(name, value)` for every `EDGEPOOL_*` variable of the environment, with the prefix removed.
+///
+/// Reads the `environ` array by hand (no `getenv`, which may lock or allocate). Early in a preloaded
+/// process, before libc has set `environ`, it falls back to reading `/proc/self/environ` into a
+/// temporary mapping.
+pub fn for_each_option(mut f: impl FnMut(&[u8], &[u8])) {
+    const PREFIX: &[u8] = b"EDGEPOOL_";
+    let mut visit = |entry: &[u8]| {
+        if let Some(rest) = entry.strip_prefix(PREFIX) {
+            if let Some(eq) = rest.iter().position(|&c| c == b'=') {
+                f(&rest[..eq], &rest[eq + 1..]);
+            }
+        }
+    };
+    // SAFETY: `environ` is either null or a null-terminated array of C strings owned by libc; we only
+    // read it, during initialisation, as getenv does.
+    unsafe {
+        let env = core::ptr::read_volatile(&raw const environ);
+        if !env.is_null() {
+            let mut p = env;
+            while !(*p).is_null() {
+                let s = core::ffi::CStr::from_ptr(*p);
+                visit(s.to_bytes());
+                p = p.add(1);
+            }
+            return;
+        }
+    }
+    // Fallback: /proc/self/environ, NUL-separated, read into a fresh mapping.
+    const CAP: usize = 1 << 20;
+    let buf = map(CAP);
+    if buf.is_null() {
+        return;
+    }
+    // SAFETY: the path is a NUL-terminated literal; reads go into our own mapping of CAP bytes.
+    unsafe {
+        let fd = libc::open(c"/proc/self/environ".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            let mut len = 0usize;
+            while len < CAP {
+                let n = libc::read(fd, buf.add(len).cast(), CAP - len);
+                if n <= 0 {
+                    break;
+                }
+                len += n as usize;
+            }
+            libc::close(fd);
+            let data = core::slice::from_raw_parts(buf, len);
+            for entry in data.split(|&c| c == 0) {
+                visit(entry);
+            }
+        }
+        unmap(buf, CAP);
+    }
+}
+
+/// Resident set size of this process in bytes, from `/proc/self/statm` (for statistics and tests).
+pub fn rss_bytes() -> usize {
+    let mut buf = [0u8; 128];
+    // SAFETY: path literal is NUL-terminated; we read at most buf.len() bytes into our buffer.
+    let n = unsafe {
+        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    if n <= 0 {
+        return 0;
+    }
+    let text = &buf[..n as usize];
+    let mut fields = text.split(|&c| c == b' ');
+    fields.next();
+    let resident = fields.next().map(crate::options::parse_u64).unwrap_or(None).unwrap_or(0);
+    resident as usize * os_page_size()
+}

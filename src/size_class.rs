@@ -1,0 +1,174 @@
+//! Size classes and slab geometry: pure arithmetic, computed at compile time.
+//!
+//! Classes: 16, 32, 48 (the finer classes below 64 B, where real programs make most requests), then
+//! the ×1.5 ladder 64, 96, 128, …, 3072, 4096. Every slot of a class is aligned to the class's
+//! *natural alignment*: the largest power of two dividing its size, capped at 4096 (so 96-byte slots
+//! are 32-aligned, 3072-byte slots 1024-aligned). A request with a large alignment takes the smallest
+//! class that is both big enough and aligned enough.
+#![forbid(unsafe_code)]
+
+/// Largest request served by slabs.
+pub const SMALL_MAX: usize = 4096;
+/// Every slab is one buddy block of this order (64 KiB), aligned to its size.
+pub const SLAB_SHIFT: u32 = 16;
+pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
+/// Bytes of slab header before the bitmap (two cache lines: owner's, then remote-free state).
+pub const SLAB_HEADER: usize = 128;
+
+pub const CLASS_SIZES: [usize; 16] =
+    [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
+pub const NCLASSES: usize = CLASS_SIZES.len();
+
+/// Natural alignment of a slot size: the largest power of two dividing it, capped at 4096.
+pub const fn natural_align(size: usize) -> usize {
+    let a = 1usize << size.trailing_zeros();
+    if a > 4096 {
+        4096
+    } else {
+        a
+    }
+}
+
+/// The geometry of a slab of one class. Invariants: `first` is a multiple of `natural_align(size)`
+/// and at least `SLAB_HEADER + 8 * nwords`; `first + nslots * size <= SLAB_SIZE`;
+/// `nwords * 64 >= nslots`; `recip = ceil(2^32 / size)`, which turns the division of any offset below
+/// `SLAB_SIZE` by `size` into an exact multiply and shift.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub size: u32,
+    pub first: u32,
+    pub nslots: u32,
+    pub nwords: u32,
+    pub recip: u32,
+}
+
+const fn geometry(size: usize) -> Geometry {
+    let upper = SLAB_SIZE / size;
+    let nwords = upper.div_ceil(64);
+    let align = natural_align(size);
+    let hdr = SLAB_HEADER + 8 * nwords;
+    let first = hdr.div_ceil(align) * align;
+    let nslots = (SLAB_SIZE - first) / size;
+    let recip = ((1u64 << 32).div_ceil(size as u64)) as u32;
+    Geometry { size: size as u32, first: first as u32, nslots: nslots as u32, nwords: nwords as u32, recip }
+}
+
+pub const GEOMETRY: [Geometry; NCLASSES] = {
+    let mut g = [Geometry { size: 0, first: 0, nslots: 0, nwords: 0, recip: 0 }; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        g[i] = geometry(CLASS_SIZES[i]);
+        i += 1;
+    }
+    g
+};
+
+/// `SIZE_TO_CLASS[(size + 15) >> 4]` is the smallest class holding `size` (for `size <= SMALL_MAX`,
+/// alignment ≤ 16).
+pub const SIZE_TO_CLASS: [u8; SMALL_MAX / 16 + 1] = {
+    let mut t = [0u8; SMALL_MAX / 16 + 1];
+    let mut i = 0;
+    let mut c = 0;
+    while i < t.len() {
+        while CLASS_SIZES[c] < i * 16 {
+            c += 1;
+        }
+        t[i] = c as u8;
+        i += 1;
+    }
+    t
+};
+
+// Compile-time checks of the tables' invariants.
+const _: () = {
+    let mut i = 0;
+    while i < NCLASSES {
+        let g = GEOMETRY[i];
+        assert!(g.first as usize % natural_align(g.size as usize) == 0);
+        assert!(g.first as usize >= SLAB_HEADER + 8 * g.nwords as usize);
+        assert!(g.first as usize + g.nslots as usize * g.size as usize <= SLAB_SIZE);
+        assert!(g.nwords as usize * 64 >= g.nslots as usize);
+        assert!(g.nslots >= 8);
+        assert!(CLASS_SIZES[i] % 16 == 0);
+        i += 1;
+    }
+};
+
+/// The class for a request of `size` bytes (≤ `SMALL_MAX`) and alignment ≤ 16.
+#[inline(always)]
+pub fn class_of(size: usize) -> usize {
+    SIZE_TO_CLASS[(size + 15) >> 4] as usize
+}
+
+/// The class for `size` bytes at alignment `align` (a power of two), or `None` when no slab class fits
+/// (size or alignment beyond 4096).
+pub fn class_for(size: usize, align: usize) -> Option<usize> {
+    if size > SMALL_MAX || align > SMALL_MAX {
+        return None;
+    }
+    let mut c = class_of(size);
+    while c < NCLASSES {
+        if natural_align(CLASS_SIZES[c]) >= align {
+            return Some(c);
+        }
+        c += 1;
+    }
+    None
+}
+
+/// `offset / size` for an offset inside a slab, by the class's reciprocal (see [`Geometry`]).
+#[inline(always)]
+pub fn slot_index(offset: usize, recip: u32) -> usize {
+    ((offset as u64 * recip as u64) >> 32) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_of_is_smallest_fitting_class() {
+        for size in 0..=SMALL_MAX {
+            let c = class_of(size);
+            assert!(CLASS_SIZES[c] >= size, "size {size}");
+            if c > 0 {
+                assert!(CLASS_SIZES[c - 1] < size.max(1), "size {size} not smallest");
+            }
+        }
+    }
+
+    #[test]
+    fn class_for_respects_alignment() {
+        for size in 0..=SMALL_MAX {
+            for shift in 0..=12 {
+                let align = 1 << shift;
+                let c = class_for(size, align).unwrap();
+                let g = GEOMETRY[c];
+                assert!(g.size as usize >= size);
+                assert!(natural_align(g.size as usize) >= align, "{size} {align}");
+                assert_eq!(g.first as usize % align, 0);
+                assert_eq!(g.size as usize % align, 0);
+            }
+        }
+        assert_eq!(class_for(SMALL_MAX + 1, 8), None);
+        assert_eq!(class_for(16, 8192), None);
+    }
+
+    #[test]
+    fn reciprocal_division_is_exact_for_every_offset() {
+        for g in GEOMETRY {
+            for off in 0..SLAB_SIZE {
+                assert_eq!(slot_index(off, g.recip), off / g.size as usize, "size {} off {off}", g.size);
+            }
+        }
+    }
+
+    #[test]
+    fn ladder_grows_by_one_and_a_half_from_64() {
+        let from64: Vec<usize> = CLASS_SIZES.iter().copied().filter(|&s| s >= 64).collect();
+        for w in from64.windows(2) {
+            assert!(w[1] * 2 == w[0] * 3 || w[1] * 3 == w[0] * 4, "{:?}", w);
+        }
+        assert_eq!(*CLASS_SIZES.last().unwrap(), SMALL_MAX);
+    }
+}

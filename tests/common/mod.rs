@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests (each test file is its own process).
+#![allow(dead_code)]
+
+/// xorshift64*: a small deterministic generator (no dependency, no allocation).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The byte expected at offset `i` of a block filled with `key` (usually its first address): any
+/// prefix of a filled block verifies with the same key, so shrinking can be checked too.
+#[inline]
+pub fn pattern(key: usize, i: usize) -> u8 {
+    let k = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (k >> 56) as u8 ^ (i as u8).wrapping_mul(31) ^ ((i >> 8) as u8)
+}
+
+/// Fills `[p, p+size)` with its pattern (the pattern depends on `key`, usually the address).
+pub unsafe fn fill(p: *mut u8, size: usize, key: usize) {
+    for i in 0..size {
+        unsafe { *p.add(i) = pattern(key, i) };
+    }
+}
+
+/// Checks the pattern of `[p, p+size)`; returns the first bad offset.
+pub unsafe fn verify(p: *const u8, size: usize, key: usize) -> Option<usize> {
+    (0..size).find(|&i| unsafe { *p.add(i) } != pattern(key, i))
+}
+
+/// A scale factor for the heavier tests: `EDGEPOOL_TEST_SCALE` (default 1).
+pub fn scale() -> usize {
+    std::env::var("EDGEPOOL_TEST_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+}
