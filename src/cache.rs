@@ -2,14 +2,15 @@
 //!
 //! Call tree:
 //! ```text
-//! alloc_small(class)            [inline(always)]  TLS load, row load, one bitmap word, tzcnt, blsr
+//! alloc_small(class)            [inline(always)]  TLS load, row's checked-out word: blsr, tzcnt, madd
 //!   └─ alloc_slow(class)        [cold]  thread setup, scan bitmap, remote frees, partial list, new slab
 //! free_small(p, slab)           [inline(always)]  owner compare, reciprocal divide, set bit
 //!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
 //!   └─ free_remote(p, slab)     [cold]  CAS onto the slab's remote list (+ queue the slab once)
 //! ```
-//! The allocation fast path is ~14 instructions with one predictable branch; free is ~20 including
-//! the double-free and interior-pointer checks.
+//! The allocation fast path is ~12 instructions with one predictable branch and touches one cache
+//! line of the thread's cache (the row); free is ~40 including the page-map lookup and the
+//! double-free and interior-pointer checks (see `examples/asm_probe.rs` to read them).
 //!
 //! Ownership: a cache owns its slabs for their whole life. When its thread exits, the cache is
 //! *abandoned* whole (its slabs stay in it) to a pool, and the next thread that starts adopts it, so
@@ -34,18 +35,38 @@ use crate::sync::RawLock;
 /// Number of segregated slab sets: 0 = run phase, 1 = load phase.
 pub const NPHASES: usize = 2;
 pub const ROWS: usize = NPHASES * NCLASSES;
+/// `widx` when no word is checked out.
+const NO_WORD: u32 = u32::MAX;
 
-/// One class's slabs in one phase.
+/// One class's slabs in one phase: the allocation fast path reads only this line.
 ///
-/// Invariants: `current` is a live slab in state `CURRENT` owned by this cache, or the static empty
-/// slab; `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `PARTIAL`
-/// for this row, each with at least one free slot or remote frees pending.
-#[repr(C)]
+/// Invariants:
+/// - `current` is a live slab in state `CURRENT` owned by this cache, or the static empty slab;
+/// - when `widx != NO_WORD`, bitmap word `widx` of `current` is *checked out*: it reads 0 in the slab
+///   and its free bits live in `word`; `base` is the address of the slot of bit 0 of that word and
+///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
+///   when `widx == NO_WORD`, `word == 0`;
+/// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `PARTIAL` for
+///   this row.
+#[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub struct ClassState {
+    pub word: u64,
+    pub base: *mut u8,
+    pub size: usize,
     pub current: *mut Slab,
     pub partial: *mut Slab,
+    pub widx: u32,
 }
+
+const EMPTY_ROW: ClassState = ClassState {
+    word: 0,
+    base: core::ptr::null_mut(),
+    size: 0,
+    current: empty_slab(),
+    partial: core::ptr::null_mut(),
+    widx: NO_WORD,
+};
 
 /// A thread cache.
 ///
@@ -72,43 +93,34 @@ struct SyncCell<T>(UnsafeCell<T>);
 // checks that it is not handling them.
 unsafe impl<T> Sync for SyncCell<T> {}
 
-#[repr(C)]
-struct EmptySlab {
-    slab: Slab,
-    word: u64,
-}
-
-/// The empty slab: one bitmap word, zero, so the fast path always falls to the slow path.
-static EMPTY_SLAB: SyncCell<EmptySlab> = SyncCell(UnsafeCell::new(EmptySlab {
-    slab: Slab {
-        hint: 0,
-        free_count: 0,
-        nslots: 0,
-        size: 16,
-        first: 0,
-        recip: 0,
-        nwords: 1,
-        class: 0,
-        state: CURRENT,
-        row: 0,
-        owner: core::ptr::null_mut(),
-        next: core::ptr::null_mut(),
-        prev: core::ptr::null_mut(),
-        shared: slab::Shared {
-            remote: core::sync::atomic::AtomicUsize::new(0),
-            remote_next: AtomicPtr::new(core::ptr::null_mut()),
-        },
+/// The empty slab: its rows never check out a word, so the fast path always falls to the slow path.
+static EMPTY_SLAB: SyncCell<Slab> = SyncCell(UnsafeCell::new(Slab {
+    hint: 0,
+    free_count: 0,
+    nslots: 0,
+    size: 16,
+    first: 0,
+    recip: 0,
+    nwords: 0,
+    class: 0,
+    state: CURRENT,
+    row: 0,
+    owner: core::ptr::null_mut(),
+    next: core::ptr::null_mut(),
+    prev: core::ptr::null_mut(),
+    shared: slab::Shared {
+        remote: core::sync::atomic::AtomicUsize::new(0),
+        remote_next: AtomicPtr::new(core::ptr::null_mut()),
     },
-    word: 0,
 }));
 
 const fn empty_slab() -> *mut Slab {
-    EMPTY_SLAB.0.get() as *mut Slab
+    EMPTY_SLAB.0.get()
 }
 
-/// The empty cache every thread starts with: all rows point at the empty slab.
+/// The empty cache every thread starts with: all rows are empty.
 static EMPTY_CACHE: SyncCell<Cache> = SyncCell(UnsafeCell::new(Cache {
-    rows: [ClassState { current: empty_slab(), partial: core::ptr::null_mut() }; ROWS],
+    rows: [EMPTY_ROW; ROWS],
     active: 0,
     spare: core::ptr::null_mut(),
     remote: AtomicPtr::new(core::ptr::null_mut()),
@@ -145,20 +157,14 @@ static KEY_READY: AtomicBool = AtomicBool::new(false);
 #[inline(always)]
 pub fn alloc_small(class: usize) -> *mut u8 {
     let cache = tls_cache();
-    // SAFETY: `cache` is this thread's cache or the empty cache; `active + class < ROWS`. The current
-    // slab is a live slab owned by this cache or the empty slab (ClassState invariant); its hint is
-    // < nwords whenever the word it indexes is non-zero.
+    // SAFETY: `cache` is this thread's cache or the empty cache; `active + class < ROWS`. A set bit
+    // of the row's word is a free slot at `base + bit * size` (ClassState invariant).
     unsafe {
-        let row = &*(*cache).rows.as_ptr().add((*cache).active + class);
-        let s = row.current;
-        let h = (*s).hint as usize;
-        let bits = Slab::bits(s);
-        let w = *bits.add(h);
+        let row = &mut *(*cache).rows.as_mut_ptr().add((*cache).active + class);
+        let w = row.word;
         if w != 0 {
-            *bits.add(h) = w & (w - 1);
-            (*s).free_count -= 1;
-            let idx = h * 64 + w.trailing_zeros() as usize;
-            return (s as *mut u8).add((*s).first as usize + idx * (*s).size as usize);
+            row.word = w & (w - 1);
+            return row.base.add(w.trailing_zeros() as usize * row.size);
         }
     }
     alloc_slow(class)
@@ -196,6 +202,60 @@ fn alloc_while_exiting(class: usize) -> *mut u8 {
     p
 }
 
+/// Returns the row's checked-out word to its slab's bitmap.
+///
+/// # Safety
+/// - `row` belongs to a cache owned by the calling thread.
+unsafe fn checkin(row: *mut ClassState) {
+    // SAFETY: owner only; widx < nwords of the current slab while checked out.
+    unsafe {
+        let r = &mut *row;
+        if r.widx == NO_WORD {
+            return;
+        }
+        let s = r.current;
+        let w = r.widx;
+        *Slab::bits(s).add(w as usize) = r.word;
+        (*s).free_count += r.word.count_ones();
+        if w < (*s).hint {
+            (*s).hint = w;
+        }
+        r.word = 0;
+        r.widx = NO_WORD;
+    }
+}
+
+/// Checks out the first non-zero bitmap word of the row's current slab. Returns `false` if none.
+///
+/// # Safety
+/// - `row` belongs to a cache owned by the calling thread, has no word checked out, and its current
+///   slab is live (not the empty slab).
+unsafe fn checkout(row: *mut ClassState) -> bool {
+    // SAFETY: owner only; word indices stay below nwords.
+    unsafe {
+        let r = &mut *row;
+        let s = r.current;
+        let bits = Slab::bits(s);
+        let mut h = (*s).hint;
+        while h < (*s).nwords {
+            let w = *bits.add(h as usize);
+            if w != 0 {
+                *bits.add(h as usize) = 0;
+                (*s).free_count -= w.count_ones();
+                (*s).hint = h;
+                r.word = w;
+                r.widx = h;
+                r.size = (*s).size as usize;
+                r.base = (s as *mut u8).add((*s).first as usize + h as usize * 64 * r.size);
+                return true;
+            }
+            h += 1;
+        }
+        (*s).hint = h;
+        false
+    }
+}
+
 /// The allocation slow path: find a slot of `class` for `cache`.
 ///
 /// # Safety
@@ -207,13 +267,19 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
         let ri = (*cache).active + class;
         let row = (*cache).rows.as_mut_ptr().add(ri);
         loop {
-            let s = (*row).current;
+            let r = &mut *row;
+            if r.word != 0 {
+                let w = r.word;
+                r.word = w & (w - 1);
+                return r.base.add(w.trailing_zeros() as usize * r.size);
+            }
+            let s = r.current;
             if s != empty_slab() {
-                let p = Slab::take(s);
-                if !p.is_null() {
-                    return p;
+                checkin(row);
+                if checkout(row) {
+                    continue;
                 }
-                if Slab::collect_remote(s) > 0 {
+                if collect_remote(cache, s) > 0 {
                     continue;
                 }
                 (*s).state = FULL;
@@ -305,16 +371,114 @@ unsafe fn list_push(row: *mut ClassState, s: *mut Slab) {
 pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
     // SAFETY: the slab is live (caller); owner fields are only touched when we own it.
     unsafe {
-        if (*slab).owner != tls_cache() {
+        let cache = tls_cache();
+        if (*slab).owner != cache {
             return free_remote(p, slab);
         }
         let idx = Slab::index_of(slab, p);
-        Slab::release_slot(slab, idx, p);
-        let s = &*slab;
+        let w = (idx >> 6) as u32;
+        let bit = 1u64 << (idx & 63);
+        let row = &mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize);
+        if row.widx == w && row.current == slab {
+            if row.word & bit != 0 {
+                slab::invalid_pointer(p, b"free(): double free detected");
+            }
+            row.word |= bit;
+            return;
+        }
+        free_to_bitmap(slab, w, bit, p);
+    }
+}
+
+/// Returns a slot to its slab's bitmap (the word is not checked out) and re-files the slab if its
+/// fill level crossed a boundary.
+///
+/// # Safety
+/// - `slab` is owned by the calling thread's cache; `64 * w + log2(bit)` is a slot index of it whose
+///   word is not checked out.
+#[inline(always)]
+unsafe fn free_to_bitmap(slab: *mut Slab, w: u32, bit: u64, p: *mut u8) {
+    // SAFETY: owner-only access; w < nwords.
+    unsafe {
+        let s = &mut *slab;
+        let word = Slab::bits(slab).add(w as usize);
+        if *word & bit != 0 {
+            slab::invalid_pointer(p, b"free(): double free detected");
+        }
+        *word |= bit;
+        if w < s.hint {
+            s.hint = w;
+        }
+        s.free_count += 1;
         if s.state == FULL || (s.free_count == s.nslots && s.state == PARTIAL) {
             free_slow(slab);
         }
     }
+}
+
+/// Frees a slot of a slab owned by `cache` (the calling thread's), wherever its word is.
+///
+/// # Safety
+/// - as [`free_small`], and `cache` owns `slab` and is owned by the calling thread.
+unsafe fn owner_free(cache: *mut Cache, slab: *mut Slab, p: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let idx = Slab::index_of(slab, p);
+        let w = (idx >> 6) as u32;
+        let bit = 1u64 << (idx & 63);
+        let row = &mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize);
+        if row.widx == w && row.current == slab {
+            if row.word & bit != 0 {
+                slab::invalid_pointer(p, b"free(): double free detected");
+            }
+            row.word |= bit;
+        } else {
+            let word = Slab::bits(slab).add(w as usize);
+            if *word & bit != 0 {
+                slab::invalid_pointer(p, b"free(): double free detected");
+            }
+            *word |= bit;
+            if w < (*slab).hint {
+                (*slab).hint = w;
+            }
+            (*slab).free_count += 1;
+        }
+    }
+}
+
+/// Applies a remote list (a chain of slots linked through their first word) to `slab`.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread and owns `slab`; `list` was taken from the slab's
+///   `remote` with acquire ordering.
+unsafe fn apply_remote(cache: *mut Cache, slab: *mut Slab, mut list: usize) -> u32 {
+    let mut n = 0;
+    while list != 0 {
+        let p = list as *mut u8;
+        // SAFETY: every list member is a dead slot of this slab; its first word links the next.
+        unsafe {
+            list = (p as *const usize).read();
+            owner_free(cache, slab, p);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Takes `slab`'s remote list while keeping `QUEUED` (owner only, outside the queue). Returns the
+/// slots applied.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread and owns `slab`.
+unsafe fn collect_remote(cache: *mut Cache, slab: *mut Slab) -> u32 {
+    // SAFETY: the header is live.
+    let remote = unsafe { &(*slab).shared.remote };
+    if remote.load(Ordering::Relaxed) & !QUEUED == 0 {
+        return 0;
+    }
+    let old = remote.fetch_and(QUEUED, Ordering::Acquire);
+    // SAFETY: owner only; list taken with acquire.
+    unsafe { apply_remote(cache, slab, old & !QUEUED) }
 }
 
 /// Re-files a slab of the calling thread's cache after slots were returned to it.
@@ -404,7 +568,7 @@ unsafe fn drain_remote(cache: *mut Cache) -> usize {
         while !s.is_null() {
             let next = (*s).shared.remote_next.load(Ordering::Relaxed);
             let list = (*s).shared.remote.swap(0, Ordering::Acquire) & !QUEUED;
-            Slab::apply_remote(s, list);
+            apply_remote(cache, s, list);
             refile(s);
             n += 1;
             s = next;
@@ -463,7 +627,7 @@ fn acquire_raw() -> *mut Cache {
     // SAFETY: a fresh block of at least size_of::<Cache>() bytes, page aligned.
     unsafe {
         c.write(Cache {
-            rows: [ClassState { current: empty_slab(), partial: core::ptr::null_mut() }; ROWS],
+            rows: [EMPTY_ROW; ROWS],
             active: 0,
             spare: core::ptr::null_mut(),
             remote: AtomicPtr::new(core::ptr::null_mut()),
@@ -525,7 +689,8 @@ unsafe fn abandon(cache: *mut Cache) {
             let row = (*cache).rows.as_mut_ptr().add(r);
             let s = (*row).current;
             if s != empty_slab() {
-                Slab::collect_remote(s);
+                checkin(row);
+                collect_remote(cache, s);
                 if (*s).free_count == (*s).nslots && (*s).shared.remote.load(Ordering::Acquire) == 0 {
                     (*row).current = empty_slab();
                     (*s).state = FULL; // transient; retire sets the final state

@@ -27,10 +27,17 @@ const UNINIT: u8 = 0;
 const READY: u8 = 1;
 const FAILED: u8 = 2;
 
-/// Region bounds, published once by [`init`]. Before that `SPAN == 0`, so no pointer is "in the heap".
-static BASE: AtomicUsize = AtomicUsize::new(0);
-static SPAN: AtomicUsize = AtomicUsize::new(0);
-static MAP: AtomicPtr<PageEntry> = AtomicPtr::new(core::ptr::null_mut());
+/// Region bounds and page map, published once by [`init`] and read lock-free by every `free`. Before
+/// that `span == 0`, so no pointer is "in the heap". One cache line, read-mostly.
+#[repr(C, align(64))]
+struct Region {
+    base: AtomicUsize,
+    span: AtomicUsize,
+    map: AtomicPtr<PageEntry>,
+}
+
+static REGION: Region =
+    Region { base: AtomicUsize::new(0), span: AtomicUsize::new(0), map: AtomicPtr::new(core::ptr::null_mut()) };
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Size of the largest buddy block, published by [`init`] (0 before).
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
@@ -145,9 +152,9 @@ fn init_slow() -> bool {
         h.retain = opts.get(options::RETAIN) as usize;
         h.limit = opts.get(options::LIMIT) as usize;
         MAX_BLOCK.store(top_size, Ordering::Relaxed);
-        BASE.store(base, Ordering::Relaxed);
-        MAP.store(map, Ordering::Relaxed);
-        SPAN.store(span, Ordering::Relaxed);
+        REGION.base.store(base, Ordering::Relaxed);
+        REGION.map.store(map, Ordering::Relaxed);
+        REGION.span.store(span, Ordering::Relaxed);
         STATE.store(READY, Ordering::Release);
         did_init = true;
         true
@@ -194,7 +201,7 @@ fn print_banner() {
 /// Whether `p` lies inside the heap region.
 #[inline(always)]
 pub fn in_region(p: usize) -> bool {
-    p.wrapping_sub(BASE.load(Ordering::Relaxed)) < SPAN.load(Ordering::Relaxed)
+    p.wrapping_sub(REGION.base.load(Ordering::Relaxed)) < REGION.span.load(Ordering::Relaxed)
 }
 
 /// The page-map entry of the page holding `p`.
@@ -203,19 +210,19 @@ pub fn in_region(p: usize) -> bool {
 /// - `in_region(p)` holds.
 #[inline(always)]
 pub unsafe fn page_entry(p: usize) -> *mut PageEntry {
-    let idx = (p - BASE.load(Ordering::Relaxed)) >> buddy::PAGE_SHIFT;
+    let idx = (p - REGION.base.load(Ordering::Relaxed)) >> buddy::PAGE_SHIFT;
     // SAFETY: p is in the region, so idx < npages, which the page map covers.
-    unsafe { MAP.load(Ordering::Relaxed).add(idx) }
+    unsafe { REGION.map.load(Ordering::Relaxed).add(idx) }
 }
 
 #[inline]
 fn addr_of(idx: u32) -> usize {
-    BASE.load(Ordering::Relaxed) + ((idx as usize) << buddy::PAGE_SHIFT)
+    REGION.base.load(Ordering::Relaxed) + ((idx as usize) << buddy::PAGE_SHIFT)
 }
 
 #[inline]
 fn index_of(p: usize) -> u32 {
-    ((p - BASE.load(Ordering::Relaxed)) >> buddy::PAGE_SHIFT) as u32
+    ((p - REGION.base.load(Ordering::Relaxed)) >> buddy::PAGE_SHIFT) as u32
 }
 
 impl Inner {
@@ -235,7 +242,7 @@ impl Inner {
     fn grow(&mut self) -> bool {
         let top_pages = 1u32 << (self.buddy.top - MIN_ORDER);
         let idx = self.buddy.frontier;
-        let span_pages = SPAN.load(Ordering::Relaxed) / PAGE;
+        let span_pages = REGION.span.load(Ordering::Relaxed) / PAGE;
         if idx as usize + top_pages as usize > span_pages {
             return false;
         }

@@ -25,10 +25,11 @@ pub const SPARE: u8 = 4;
 /// Owner-side header fields (first cache line).
 ///
 /// Invariants:
-/// - bit `i` of word `w` of the bitmap is set iff slot `64*w + i` exists (`< nslots`) and is free
-///   and not on the remote list;
+/// - bit `i` of word `w` of the bitmap is set iff slot `64*w + i` exists (`< nslots`), is free, is
+///   not on the remote list, and word `w` is not checked out by the owner's class row (see
+///   [`crate::cache::ClassState`]: a checked-out word reads 0 here and lives in the row);
 /// - every bitmap word below `hint` is zero;
-/// - `free_count` is the number of set bits;
+/// - `free_count` is the number of set bits of the bitmap (checked-out bits not included);
 /// - `state` says which of the owner's lists holds the slab: `CURRENT` (a class's current slab),
 ///   `PARTIAL` (on the class's partial list, via `next`/`prev`), `FULL` (on no list: no set bit when it
 ///   was detached), `SPARE` (the owner's one empty spare).
@@ -115,33 +116,6 @@ impl Slab {
         }
     }
 
-    /// Takes a free slot, scanning forward from `hint`. Returns null when no bit is set.
-    ///
-    /// # Safety
-    /// - `this` is a live slab owned by the calling thread's cache (or the static empty slab).
-    #[inline]
-    pub unsafe fn take(this: *mut Slab) -> *mut u8 {
-        // SAFETY: owner-only fields of a live slab; word indices stay below nwords.
-        unsafe {
-            let s = &mut *this;
-            let bits = Slab::bits(this);
-            let mut h = s.hint as usize;
-            while h < s.nwords as usize {
-                let w = *bits.add(h);
-                if w != 0 {
-                    *bits.add(h) = w & (w - 1);
-                    s.hint = h as u32;
-                    s.free_count -= 1;
-                    let idx = h * 64 + w.trailing_zeros() as usize;
-                    return (this as *mut u8).add(s.first as usize + idx * s.size as usize);
-                }
-                h += 1;
-            }
-            s.hint = h as u32;
-            core::ptr::null_mut()
-        }
-    }
-
     /// The slot index of `p`, aborting with a message if `p` is not the start of a slot.
     ///
     /// # Safety
@@ -156,29 +130,6 @@ impl Slab {
             invalid_pointer(p, b"free(): pointer is not the start of a block");
         }
         idx
-    }
-
-    /// Marks slot `idx` free in the bitmap (owner only). Aborts on a double free.
-    ///
-    /// # Safety
-    /// - `this` is a live slab owned by the calling thread's cache; `idx < nslots`.
-    #[inline(always)]
-    pub unsafe fn release_slot(this: *mut Slab, idx: usize, p: *mut u8) {
-        // SAFETY: owner-only access; idx < nslots <= 64 * nwords.
-        unsafe {
-            let s = &mut *this;
-            let w = idx >> 6;
-            let bit = 1u64 << (idx & 63);
-            let word = Slab::bits(this).add(w);
-            if *word & bit != 0 {
-                invalid_pointer(p, b"free(): double free detected");
-            }
-            *word |= bit;
-            if (w as u32) < s.hint {
-                s.hint = w as u32;
-            }
-            s.free_count += 1;
-        }
     }
 
     /// Pushes `p` onto the remote-free list (any thread). Returns `true` when the caller set `QUEUED`
@@ -201,40 +152,6 @@ impl Slab {
         }
     }
 
-    /// Applies the remote list `list` (a chain of slots) to the bitmap. Returns the slots applied.
-    ///
-    /// # Safety
-    /// - owner only; `list` was taken from this slab's `remote` with acquire ordering.
-    pub unsafe fn apply_remote(this: *mut Slab, mut list: usize) -> u32 {
-        let mut n = 0;
-        while list != 0 {
-            let p = list as *mut u8;
-            // SAFETY: every list member is a dead slot of this slab; its first word links the next.
-            unsafe {
-                list = (p as *const usize).read();
-                let idx = Slab::index_of(this, p);
-                Slab::release_slot(this, idx, p);
-            }
-            n += 1;
-        }
-        n
-    }
-
-    /// Takes the remote list while keeping `QUEUED` (owner only, outside the queue). Returns the slots
-    /// applied.
-    ///
-    /// # Safety
-    /// - owner only.
-    pub unsafe fn collect_remote(this: *mut Slab) -> u32 {
-        // SAFETY: the header is live.
-        let remote = unsafe { &(*this).shared.remote };
-        if remote.load(Ordering::Relaxed) & !QUEUED == 0 {
-            return 0;
-        }
-        let old = remote.fetch_and(QUEUED, Ordering::Acquire);
-        // SAFETY: owner only; list taken with acquire.
-        unsafe { Slab::apply_remote(this, old & !QUEUED) }
-    }
 }
 
 /// Reports a pointer that cannot be freed and aborts.
