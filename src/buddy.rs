@@ -87,19 +87,29 @@ impl Buddy {
         self.top = top;
     }
 
-    /// The page-map entry of page `idx`.
+    /// A copy of the page-map entry of page `idx`.
     ///
     /// # Safety
     /// - `idx` is inside the page map given to [`Buddy::init`].
     #[inline]
-    pub unsafe fn entry(&self, idx: u32) -> &mut PageEntry {
+    pub unsafe fn entry(&self, idx: u32) -> PageEntry {
         // SAFETY: the caller guarantees `idx` is in range; the map is valid per `init`.
+        unsafe { *self.map.add(idx as usize) }
+    }
+
+    /// The page-map entry of page `idx`, for writing.
+    ///
+    /// # Safety
+    /// - as [`Buddy::entry`].
+    #[inline]
+    pub unsafe fn entry_mut(&mut self, idx: u32) -> &mut PageEntry {
+        // SAFETY: the caller guarantees `idx` is in range; `&mut self` makes the access exclusive.
         unsafe { &mut *self.map.add(idx as usize) }
     }
 
     fn set_head(&mut self, idx: u32, kind: u8, order: u32, flags: u8) {
         // SAFETY: every index passed here is below `frontier`, which `add_top` keeps inside the map.
-        let e = unsafe { self.entry(idx) };
+        let e = unsafe { self.entry_mut(idx) };
         e.kind = kind;
         e.order = order as u8;
         e.flags = flags;
@@ -112,11 +122,11 @@ impl Buddy {
         self.set_head(idx, FREE, order, flags);
         // SAFETY: idx and old (if not NIL) are block heads below `frontier`.
         unsafe {
-            let e = self.entry(idx);
+            let e = self.entry_mut(idx);
             e.prev = NIL;
             e.next = old;
             if old != NIL {
-                self.entry(old).prev = idx;
+                self.entry_mut(old).prev = idx;
             }
         }
         self.heads[h] = idx;
@@ -130,16 +140,16 @@ impl Buddy {
     fn unlink(&mut self, idx: u32) {
         // SAFETY: idx is a free block head below `frontier`; its links are valid list members.
         unsafe {
-            let e = *self.entry(idx);
+            let e = self.entry(idx);
             if e.prev != NIL {
-                self.entry(e.prev).next = e.next;
+                self.entry_mut(e.prev).next = e.next;
             } else {
                 self.heads[(e.order as u32 - MIN_ORDER) as usize] = e.next;
             }
             if e.next != NIL {
-                self.entry(e.next).prev = e.prev;
+                self.entry_mut(e.next).prev = e.prev;
             }
-            self.entry(idx).kind = NONE;
+            self.entry_mut(idx).kind = NONE;
             let bytes = (pages(e.order as u32) as usize) * PAGE;
             self.free_bytes -= bytes;
             if e.flags & DIRTY != 0 {
@@ -187,7 +197,7 @@ impl Buddy {
                 break;
             }
             // SAFETY: b < frontier.
-            let e = unsafe { *self.entry(b) };
+            let e = unsafe { self.entry(b) };
             if e.kind != FREE || e.order as u32 != order {
                 break;
             }
@@ -212,7 +222,7 @@ impl Buddy {
                 return false;
             }
             // SAFETY: b < frontier.
-            let e = unsafe { *self.entry(b) };
+            let e = unsafe { self.entry(b) };
             if e.kind != FREE || e.order as u32 != o {
                 return false;
             }
@@ -221,7 +231,7 @@ impl Buddy {
             self.unlink(idx + pages(o));
         }
         // SAFETY: idx < frontier.
-        unsafe { self.entry(idx).order = new_order as u8 };
+        unsafe { self.entry_mut(idx).order = new_order as u8 };
         true
     }
 
@@ -234,7 +244,7 @@ impl Buddy {
             self.free(idx + pages(o), o, DIRTY);
         }
         // SAFETY: idx < frontier.
-        unsafe { self.entry(idx).order = new_order as u8 };
+        unsafe { self.entry_mut(idx).order = new_order as u8 };
     }
 
     /// Calls `purge(idx, order)` for every free dirty block; where it returns `true` the block is
@@ -245,7 +255,7 @@ impl Buddy {
             let mut idx = self.heads[h];
             while idx != NIL {
                 // SAFETY: list members are free heads below frontier.
-                let e = unsafe { self.entry(idx) };
+                let e = unsafe { self.entry_mut(idx) };
                 let next = e.next;
                 if e.flags & DIRTY != 0 && purge(idx, e.order as u32) {
                     e.flags &= !DIRTY;
@@ -262,7 +272,7 @@ impl Buddy {
     /// Marks the free block at `idx` clean after a successful purge.
     pub fn mark_clean(&mut self, idx: u32) {
         // SAFETY: idx is a free head below frontier (caller's contract, checked in debug).
-        let e = unsafe { self.entry(idx) };
+        let e = unsafe { self.entry_mut(idx) };
         debug_assert!(e.kind == FREE);
         if e.flags & DIRTY != 0 {
             e.flags &= !DIRTY;
@@ -284,7 +294,7 @@ impl Buddy {
                     return Err("free block beyond frontier");
                 }
                 // SAFETY: idx < frontier.
-                let e = unsafe { *self.entry(idx) };
+                let e = unsafe { self.entry(idx) };
                 if e.kind != FREE || e.order as u32 != order {
                     return Err("list member is not a free head of the list's order");
                 }
@@ -312,7 +322,7 @@ impl Buddy {
         let mut idx = 0u32;
         while idx < self.frontier {
             // SAFETY: idx < frontier.
-            let e = unsafe { *self.entry(idx) };
+            let e = unsafe { self.entry(idx) };
             if !matches!(e.kind, FREE | LARGE | SLAB | META) {
                 return Err("page inside the frontier is not covered by a block head");
             }
@@ -324,7 +334,7 @@ impl Buddy {
                 let b = idx ^ pages(o);
                 if b < self.frontier {
                     // SAFETY: b < frontier.
-                    let be = unsafe { *self.entry(b) };
+                    let be = unsafe { self.entry(b) };
                     if be.kind == FREE && be.order as u32 == o {
                         return Err("two free buddies not merged");
                     }
@@ -371,7 +381,7 @@ mod tests {
             }
             assert_eq!(b.free_bytes, total);
             assert_eq!(b.dirty_bytes, total);
-            assert_eq!(b.heads[(20 - MIN_ORDER) as usize] != NIL, true);
+            assert!(b.heads[(20 - MIN_ORDER) as usize] != NIL);
             let cleaned = b.purge_all(|_, _| true);
             assert_eq!(cleaned, total);
             assert_eq!(b.dirty_bytes, 0);

@@ -339,10 +339,10 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
-            h.buddy.entry(idx).tag = tag;
+            h.buddy.entry_mut(idx).tag = tag;
             if kind == buddy::SLAB {
                 for i in 0..n {
-                    let e = h.buddy.entry(idx + i);
+                    let e = h.buddy.entry_mut(idx + i);
                     e.kind = buddy::SLAB;
                     e.tag = tag;
                 }
@@ -367,7 +367,7 @@ pub unsafe fn free_block(p: *mut u8) {
         if kind == buddy::SLAB {
             for i in 1..(1u32 << (order - MIN_ORDER)) {
                 // SAFETY: pages of the same block.
-                unsafe { h.buddy.entry(idx + i).kind = buddy::NONE };
+                unsafe { h.buddy.entry_mut(idx + i).kind = buddy::NONE };
             }
         }
         h.free(idx, order);

@@ -112,7 +112,7 @@ pub fn parse_size(s: &[u8]) -> Option<u64> {
         Some(b'g') => (&s[..end - 1], 30),
         Some(b't') => (&s[..end - 1], 40),
         _ => {
-            if end != s.len() && !(end + 1 == s.len()) {
+            if end != s.len() && end + 1 != s.len() {
                 return None; // "iB" without a unit letter
             }
             (&s[..end], 0)

@@ -47,7 +47,7 @@ fn thousands_of_short_lived_threads_hold_bounded_memory() {
     edgepool::trim();
     let after = edgepool::stats();
     let threads = waves * per_wave;
-    assert!(after.counters.caches_abandoned >= threads as usize / 2, "threads exited without abandoning caches");
+    assert!(after.counters.caches_abandoned >= threads / 2, "threads exited without abandoning caches");
     // Caches are reused: far fewer created than threads run.
     assert!(
         after.counters.caches_created <= base.counters.caches_created + 2 * per_wave,
@@ -64,5 +64,54 @@ fn thousands_of_short_lived_threads_hold_bounded_memory() {
         after.os_bytes,
         threads
     );
+    edgepool::check_heap().unwrap();
+}
+
+/// Every kind of operation as the very first thing a new thread does.
+#[test]
+fn every_operation_as_a_threads_first() {
+    use std::alloc::{alloc, alloc_zeroed, dealloc, realloc, Layout};
+    let small = Layout::from_size_align(40, 8).unwrap();
+    for op in 0..6 {
+        // A block made on this thread, handed to the new one.
+        // SAFETY: non-zero size.
+        let p = unsafe { alloc(small) } as usize;
+        let h = std::thread::spawn(move || {
+            // SAFETY: standard alloc API with matching layouts.
+            unsafe {
+                match op {
+                    0 => dealloc(p as *mut u8, small),
+                    1 => {
+                        let q = realloc(p as *mut u8, small, 5000);
+                        assert!(!q.is_null());
+                        dealloc(q, Layout::from_size_align(5000, 8).unwrap());
+                    }
+                    2 => {
+                        let q = alloc_zeroed(Layout::from_size_align(3000, 64).unwrap());
+                        assert!(!q.is_null() && *q == 0);
+                        dealloc(q, Layout::from_size_align(3000, 64).unwrap());
+                        dealloc(p as *mut u8, small);
+                    }
+                    3 => {
+                        let q = alloc(Layout::from_size_align(1 << 20, 4096).unwrap());
+                        assert!(!q.is_null());
+                        dealloc(q, Layout::from_size_align(1 << 20, 4096).unwrap());
+                        dealloc(p as *mut u8, small);
+                    }
+                    4 => {
+                        let _ = edgepool::raw::usable_size(p as *mut u8);
+                        dealloc(p as *mut u8, small);
+                    }
+                    _ => {
+                        let q = alloc(Layout::from_size_align(100 << 20, 16).unwrap());
+                        assert!(!q.is_null());
+                        dealloc(q, Layout::from_size_align(100 << 20, 16).unwrap());
+                        dealloc(p as *mut u8, small);
+                    }
+                }
+            }
+        });
+        h.join().unwrap();
+    }
     edgepool::check_heap().unwrap();
 }

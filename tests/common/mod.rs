@@ -30,14 +30,22 @@ pub fn pattern(key: usize, i: usize) -> u8 {
 }
 
 /// Fills `[p, p+size)` with its pattern (the pattern depends on `key`, usually the address).
+///
+/// # Safety
+/// - `[p, p+size)` is writable.
 pub unsafe fn fill(p: *mut u8, size: usize, key: usize) {
     for i in 0..size {
+        // SAFETY: i < size, inside the writable range (caller).
         unsafe { *p.add(i) = pattern(key, i) };
     }
 }
 
 /// Checks the pattern of `[p, p+size)`; returns the first bad offset.
+///
+/// # Safety
+/// - `[p, p+size)` is readable.
 pub unsafe fn verify(p: *const u8, size: usize, key: usize) -> Option<usize> {
+    // SAFETY: i < size, inside the readable range (caller).
     (0..size).find(|&i| unsafe { *p.add(i) } != pattern(key, i))
 }
 

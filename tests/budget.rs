@@ -1,0 +1,51 @@
+//! Out of memory: with a budget in place, requests beyond it return null, the allocator keeps working,
+//! and memory freed later can be taken again.
+
+#[global_allocator]
+static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
+
+#[test]
+fn requests_beyond_the_budget_fail_cleanly_and_recover() {
+    let base = edgepool::stats().os_bytes;
+    let limit = base + (64 << 20);
+    edgepool::set_limit(limit);
+    let mut blocks = vec![];
+    let refused = loop {
+        let p = edgepool::raw::alloc(1 << 20, 16);
+        if p.is_null() {
+            break true;
+        }
+        // SAFETY: fresh 1 MiB block.
+        unsafe { p.write_bytes(0x5A, 1 << 20) };
+        blocks.push(p);
+        if blocks.len() > 1000 {
+            break false;
+        }
+    };
+    assert!(refused, "the budget never refused a request");
+    assert!((56..=64).contains(&blocks.len()), "{} MiB fitted under a 64 MiB budget", blocks.len());
+    let s = edgepool::stats();
+    assert!(s.os_bytes <= limit);
+    assert!(s.counters.budget_refusals > 0);
+    // Small allocations and big ones beyond the largest block are refused the same way.
+    let huge = edgepool::raw::alloc(200 << 20, 16);
+    assert!(huge.is_null());
+    // Free half: the same requests succeed again.
+    for p in blocks.drain(..32) {
+        // SAFETY: live blocks.
+        unsafe { edgepool::raw::free(p) };
+    }
+    for _ in 0..24 {
+        let p = edgepool::raw::alloc(1 << 20, 16);
+        assert!(!p.is_null(), "memory freed under the budget could not be taken again");
+        blocks.push(p);
+    }
+    for p in blocks {
+        // SAFETY: live blocks.
+        unsafe { edgepool::raw::free(p) };
+    }
+    edgepool::set_limit(0);
+    let v = vec![3u8; 256 << 20];
+    assert_eq!(v[12345], 3);
+    edgepool::check_heap().unwrap();
+}

@@ -1,0 +1,63 @@
+//! Options are read from `EDGEPOOL_*` once, at first use. The parent test starts this same binary with
+//! the variables set (they must be in place before the first allocation), and the child checks them.
+
+use std::process::Command;
+
+#[global_allocator]
+static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
+
+fn run_child(test: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn environment_sets_options_and_verbose_prints_them() {
+    let out = run_child(
+        "child_sees_options",
+        &[("EDGEPOOL_MAX_BLOCK", "1M"), ("EDGEPOOL_RETAIN", "0"), ("EDGEPOOL_VERBOSE", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed: {stderr}\n{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("edgepool 0.1.0 active"), "no banner: {stderr}");
+    assert!(stderr.contains("EDGEPOOL_MAX_BLOCK=1048576"), "banner lacks options: {stderr}");
+}
+
+#[test]
+fn bad_value_is_reported_and_default_kept() {
+    let out = run_child("child_sees_defaults", &[("EDGEPOOL_MAX_BLOCK", "3M"), ("EDGEPOOL_RETAIN", "lots")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed: {stderr}");
+    assert!(stderr.contains("ignoring bad value of EDGEPOOL_MAX_BLOCK"), "{stderr}");
+    assert!(stderr.contains("ignoring bad value of EDGEPOOL_RETAIN"), "{stderr}");
+}
+
+#[test]
+#[ignore = "run by environment_sets_options_and_verbose_prints_them in a child process"]
+fn child_sees_options() {
+    let o = edgepool::options();
+    assert_eq!(o.get(edgepool::options::MAX_BLOCK), 1 << 20);
+    assert_eq!(o.get(edgepool::options::RETAIN), 0);
+    assert_eq!(edgepool::max_block(), 1 << 20);
+    // 2 MiB is beyond the largest block: mapped directly.
+    let before = edgepool::stats().counters.direct_allocs;
+    let v = std::hint::black_box(vec![1u8; 2 << 20]);
+    assert_eq!(edgepool::stats().counters.direct_allocs, before + 1);
+    drop(v);
+    // RETAIN=0: nothing free stays dirty.
+    let w = std::hint::black_box(vec![1u8; 512 << 10]);
+    drop(w);
+    assert_eq!(edgepool::stats().dirty_free_bytes, 0);
+}
+
+#[test]
+#[ignore = "run by bad_value_is_reported_and_default_kept in a child process"]
+fn child_sees_defaults() {
+    let o = edgepool::options();
+    assert_eq!(o.get(edgepool::options::MAX_BLOCK), edgepool::options::OPTIONS[edgepool::options::MAX_BLOCK].default);
+    assert_eq!(o.get(edgepool::options::RETAIN), edgepool::options::OPTIONS[edgepool::options::RETAIN].default);
+}
