@@ -2,15 +2,19 @@
 //!
 //! Call tree:
 //! ```text
-//! alloc_small(class)            [inline(always)]  TLS load, row's checked-out word: blsr, tzcnt, madd
+//! alloc_small(class)            [inline(always)]  TLS load, row: pop the stack of recent frees, else
+//!                                                 the checked-out word: blsr, tzcnt, madd
 //!   └─ alloc_slow(class)        [cold]  thread setup, scan bitmap, remote frees, partial list, new slab
-//! free_small(p, slab)           [inline(always)]  owner compare, reciprocal divide, set bit
+//! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
+//!                                                 (or, when full, set the bit in word or bitmap)
 //!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
 //!   └─ free_remote(p, slab)     [cold]  CAS onto the slab's remote list (+ queue the slab once)
 //! ```
-//! The allocation fast path is ~12 instructions with one predictable branch and touches one cache
-//! line of the thread's cache (the row); free is ~40 including the page-map lookup and the
-//! double-free and interior-pointer checks (see `examples/asm_probe.rs` to read them).
+//! The allocation fast path is ~12 instructions with two predictable branches and touches the thread's
+//! row of that class; free is ~40 including the page-map lookup and the interior-pointer check (see
+//! `examples/asm_probe.rs` to read them). Double frees are caught when a slot reaches the bitmap: at
+//! once on the bitmap path, at flush for a slot freed twice onto the stack, and not at all if the
+//! stacked duplicate is handed out again first (as with mimalloc's free lists).
 //!
 //! Ownership: a cache owns its slabs for their whole life. When its thread exits, the cache is
 //! *abandoned* whole (its slabs stay in it) to a pool, and the next thread that starts adopts it, so
@@ -37,6 +41,8 @@ pub const NPHASES: usize = 2;
 pub const ROWS: usize = NPHASES * NCLASSES;
 /// `widx` when no word is checked out.
 const NO_WORD: u32 = u32::MAX;
+/// Capacity of a row's stack of recently freed slots (fills the row to three cache lines).
+pub const STACK: usize = 18;
 
 /// One class's slabs in one phase: the allocation fast path reads only this line.
 ///
@@ -47,25 +53,34 @@ const NO_WORD: u32 = u32::MAX;
 ///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
 ///   when `widx == NO_WORD`, `word == 0`;
 /// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `PARTIAL` for
-///   this row.
+///   this row;
+/// - `stack[..top]` are distinct free slots of this row's slabs (any of them, not only `current`),
+///   recently freed by the owner. Their bitmap bits are clear: to their slab they still count as in
+///   use, until they are handed out again or flushed back ([`flush_stack`]).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub struct ClassState {
+    pub top: u32,
+    pub widx: u32,
     pub word: u64,
     pub base: *mut u8,
     pub size: usize,
     pub current: *mut Slab,
     pub partial: *mut Slab,
-    pub widx: u32,
+    pub stack: [*mut u8; STACK],
 }
 
+const _: () = assert!(core::mem::size_of::<ClassState>() == 192);
+
 const EMPTY_ROW: ClassState = ClassState {
+    top: 0,
+    widx: NO_WORD,
     word: 0,
     base: core::ptr::null_mut(),
     size: 0,
     current: empty_slab(),
     partial: core::ptr::null_mut(),
-    widx: NO_WORD,
+    stack: [core::ptr::null_mut(); STACK],
 };
 
 /// A thread cache.
@@ -157,10 +172,16 @@ static KEY_READY: AtomicBool = AtomicBool::new(false);
 #[inline(always)]
 pub fn alloc_small(class: usize) -> *mut u8 {
     let cache = tls_cache();
-    // SAFETY: `cache` is this thread's cache or the empty cache; `active + class < ROWS`. A set bit
-    // of the row's word is a free slot at `base + bit * size` (ClassState invariant).
+    // SAFETY: `cache` is this thread's cache or the empty cache; `active + class < ROWS`. Stack entries
+    // below `top` are free slots; a set bit of the row's word is a free slot at `base + bit * size`
+    // (ClassState invariant).
     unsafe {
         let row = &mut *(*cache).rows.as_mut_ptr().add((*cache).active + class);
+        let t = row.top as usize;
+        if t != 0 {
+            row.top = (t - 1) as u32;
+            return *row.stack.get_unchecked(t - 1);
+        }
         let w = row.word;
         if w != 0 {
             row.word = w & (w - 1);
@@ -376,9 +397,15 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
             return free_remote(p, slab);
         }
         let idx = Slab::index_of(slab, p);
+        let row = &mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize);
+        let t = row.top as usize;
+        if t < STACK {
+            *row.stack.get_unchecked_mut(t) = p;
+            row.top = t as u32 + 1;
+            return;
+        }
         let w = (idx >> 6) as u32;
         let bit = 1u64 << (idx & 63);
-        let row = &mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize);
         if row.widx == w && row.current == slab {
             if row.word & bit != 0 {
                 slab::invalid_pointer(p, b"free(): double free detected");
@@ -442,6 +469,26 @@ unsafe fn owner_free(cache: *mut Cache, slab: *mut Slab, p: *mut u8) {
                 (*slab).hint = w;
             }
             (*slab).free_count += 1;
+        }
+    }
+}
+
+/// Returns the slots on a row's stack to their slabs' bitmaps (aborting on a double free among them),
+/// then re-files the slabs whose fill level changed.
+///
+/// # Safety
+/// - `row` belongs to `cache`, which the calling thread owns.
+unsafe fn flush_stack(cache: *mut Cache, row: *mut ClassState) {
+    // SAFETY: owner only; entries below `top` are free slots of this cache's slabs.
+    unsafe {
+        while (*row).top > 0 {
+            (*row).top -= 1;
+            let p = (*row).stack[(*row).top as usize];
+            let slab = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
+            owner_free(cache, slab, p);
+            if (*slab).state == FULL || ((*slab).state == PARTIAL && (*slab).free_count == (*slab).nslots) {
+                refile(slab);
+            }
         }
     }
 }
@@ -685,6 +732,9 @@ unsafe fn abandon(cache: *mut Cache) {
     // SAFETY: owner only until it is in the pool.
     unsafe {
         drain_remote(cache);
+        for r in 0..ROWS {
+            flush_stack(cache, (*cache).rows.as_mut_ptr().add(r));
+        }
         for r in 0..ROWS {
             let row = (*cache).rows.as_mut_ptr().add(r);
             let s = (*row).current;
