@@ -17,6 +17,7 @@
 //! - `cache`: thread-local caches — fast paths, remote frees, thread exit and adoption.
 //! - `global`: routing — which part serves a request and who owns a pointer; [`EdgePool`].
 //! - `stats`: counters and the statistics report.
+//! - [`plan`]: the static memory planner (independent of the allocator).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -26,6 +27,7 @@ mod global;
 mod heap;
 pub mod options;
 pub mod os;
+pub mod plan;
 mod size_class;
 mod slab;
 mod stats;

@@ -1,0 +1,444 @@
+//! The static memory planner: intermediate tensors whose lifetimes do not overlap share memory.
+//!
+//! Input: tensors with a size, the first and last op that use them (inclusive), and an alignment.
+//! Output: an offset for each tensor inside one arena, such that two tensors live at the same op never
+//! overlap. Every plan reports the naive total (no sharing) and the lower bound (the most bytes live at
+//! any one op), and is validated before it is returned.
+//!
+//! Strategies:
+//! - `greedy-by-size` (TensorFlow Lite's): largest first, each into the best (smallest fitting) gap among
+//!   the placed tensors whose lifetimes overlap it, else on top;
+//! - `greedy-by-breadth` (TensorFlow Lite's): ops in decreasing order of the bytes live at them; at each
+//!   op, its unplaced tensors largest first, best gap;
+//! - `search`: several greedy orders decoded both ways, then an iterated local search over the order
+//!   (swap and move steps, accepted when not worse) with a *lowest-offset* decoder, under an effort
+//!   budget; it stops as soon as it reaches the lower bound. The lowest-offset decoder can express an
+//!   optimal packing: placing tensors in the order of their offsets in any optimal plan, each at its
+//!   lowest feasible offset, puts each at or below its optimal offset (induction on that order).
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// One tensor to place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    pub id: String,
+    pub size: u64,
+    /// First op that uses the tensor (it is live from here)…
+    pub first: u32,
+    /// …through this op, inclusive.
+    pub last: u32,
+    /// Alignment of the tensor's offset (a power of two; 1 = none).
+    pub align: u64,
+}
+
+impl Tensor {
+    pub fn new(id: impl Into<String>, size: u64, first: u32, last: u32) -> Tensor {
+        Tensor { id: id.into(), size, first, last, align: 1 }
+    }
+
+    fn overlaps(&self, o: &Tensor) -> bool {
+        self.first <= o.last && o.first <= self.last
+    }
+}
+
+/// A planning strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    GreedyBySize,
+    GreedyByBreadth,
+    Search,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [Strategy::GreedyBySize, Strategy::GreedyByBreadth, Strategy::Search];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::GreedyBySize => "greedy-by-size",
+            Strategy::GreedyByBreadth => "greedy-by-breadth",
+            Strategy::Search => "search",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Strategy> {
+        Strategy::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// How much work `search` may do.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    /// Local-search steps (each decodes one order).
+    pub max_steps: u64,
+    /// Wall-clock limit.
+    pub max_time: Duration,
+    /// Seed of the search's random steps (plans are reproducible for a given seed and step budget).
+    pub seed: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { max_steps: 20_000, max_time: Duration::from_millis(500), seed: 0x5EED }
+    }
+}
+
+/// A plan: `offsets[i]` is the offset of input tensor `i`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub offsets: Vec<u64>,
+    /// Bytes the arena needs: the highest end of any tensor.
+    pub arena_size: u64,
+    /// The most bytes live at any one op: no plan can be smaller.
+    pub lower_bound: u64,
+    /// The sum of all sizes: the memory without sharing.
+    pub naive_total: u64,
+    pub strategy: Strategy,
+}
+
+/// Why a plan could not be made or is not valid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// Tensor `index` has `last < first`, a zero or non-power-of-two alignment.
+    BadTensor { index: usize, why: &'static str },
+    /// Two tensors live at the same op share bytes.
+    Overlap { a: usize, b: usize },
+    /// A tensor's offset breaks its alignment, or it ends beyond the arena.
+    Misplaced { index: usize },
+    /// The plan does not have one offset per tensor.
+    WrongLength,
+    /// Sizes overflow 64 bits.
+    Overflow,
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::BadTensor { index, why } => write!(f, "tensor {index}: {why}"),
+            PlanError::Overlap { a, b } => write!(f, "tensors {a} and {b} are live at the same op and overlap"),
+            PlanError::Misplaced { index } => write!(f, "tensor {index} is misaligned or beyond the arena"),
+            PlanError::WrongLength => write!(f, "the plan does not have one offset per tensor"),
+            PlanError::Overflow => write!(f, "sizes overflow 64 bits"),
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+fn check_input(tensors: &[Tensor]) -> Result<(), PlanError> {
+    let mut total: u64 = 0;
+    for (index, t) in tensors.iter().enumerate() {
+        if t.last < t.first {
+            return Err(PlanError::BadTensor { index, why: "last op before first op" });
+        }
+        if !t.align.is_power_of_two() {
+            return Err(PlanError::BadTensor { index, why: "alignment is not a power of two" });
+        }
+        total = total.checked_add(t.size).and_then(|v| v.checked_add(t.align)).ok_or(PlanError::Overflow)?;
+    }
+    Ok(())
+}
+
+/// The most bytes live at any one op.
+pub fn lower_bound(tensors: &[Tensor]) -> u64 {
+    // Sweep: +size at first, -size after last.
+    let mut events: Vec<(u32, i8, u64)> = Vec::with_capacity(tensors.len() * 2);
+    for t in tensors {
+        events.push((t.first, 1, t.size));
+        events.push((t.last.saturating_add(1), -1, t.size));
+    }
+    // At the same op, ends (of tensors that died before it) come before starts.
+    events.sort_by_key(|&(op, kind, _)| (op, kind));
+    let (mut live, mut best) = (0u64, 0u64);
+    for (_, kind, size) in events {
+        if kind > 0 {
+            live += size;
+            best = best.max(live);
+        } else {
+            live -= size;
+        }
+    }
+    best
+}
+
+/// The sum of all sizes.
+pub fn naive_total(tensors: &[Tensor]) -> u64 {
+    tensors.iter().map(|t| t.size).sum()
+}
+
+/// Checks that `offsets` is a valid plan for `tensors` within `arena_size` bytes.
+pub fn validate(tensors: &[Tensor], offsets: &[u64], arena_size: u64) -> Result<(), PlanError> {
+    if offsets.len() != tensors.len() {
+        return Err(PlanError::WrongLength);
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        let end = offsets[i].checked_add(t.size).ok_or(PlanError::Overflow)?;
+        if offsets[i] % t.align.max(1) != 0 || end > arena_size {
+            return Err(PlanError::Misplaced { index: i });
+        }
+    }
+    // Sort by offset, then compare each tensor with the following ones that start before it ends.
+    let mut idx: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].size > 0).collect();
+    idx.sort_by_key(|&i| offsets[i]);
+    for (k, &a) in idx.iter().enumerate() {
+        let end = offsets[a] + tensors[a].size;
+        for &b in &idx[k + 1..] {
+            if offsets[b] >= end {
+                break;
+            }
+            if tensors[a].overlaps(&tensors[b]) {
+                return Err(PlanError::Overlap { a: a.min(b), b: a.max(b) });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Places tensors in `order`, each at the best gap (`best_fit`) or the lowest feasible offset among the
+/// placed tensors whose lifetimes overlap it. Returns the arena size; fills `offsets`.
+fn decode(tensors: &[Tensor], order: &[usize], best_fit: bool, offsets: &mut [u64]) -> u64 {
+    // Placed tensors sorted by offset: (offset, end, index).
+    let mut placed: Vec<(u64, u64, usize)> = Vec::with_capacity(order.len());
+    let mut top = 0;
+    for &i in order {
+        let t = &tensors[i];
+        let a = t.align.max(1);
+        let mut prev_end = 0u64;
+        let mut best: Option<(u64, u64)> = None; // (gap, offset)
+        for &(o, e, j) in &placed {
+            if !t.overlaps(&tensors[j]) {
+                continue;
+            }
+            let cand = prev_end.div_ceil(a) * a;
+            if o >= cand && o - cand >= t.size {
+                let gap = o - prev_end;
+                if !best_fit {
+                    best = Some((gap, cand));
+                    break;
+                }
+                if best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, cand));
+                }
+            }
+            prev_end = prev_end.max(e);
+        }
+        let off = match best {
+            Some((_, o)) => o,
+            None => prev_end.div_ceil(a) * a,
+        };
+        offsets[i] = off;
+        top = top.max(off + t.size);
+        let pos = placed.partition_point(|&(o, _, _)| o <= off);
+        placed.insert(pos, (off, off + t.size, i));
+    }
+    top
+}
+
+fn order_by_size(tensors: &[Tensor]) -> Vec<usize> {
+    let mut o: Vec<usize> = (0..tensors.len()).collect();
+    o.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size), tensors[i].first, i));
+    o
+}
+
+fn order_by_breadth(tensors: &[Tensor]) -> Vec<usize> {
+    let ops = tensors.iter().map(|t| t.last as usize + 1).max().unwrap_or(0);
+    let mut breadth = vec![0u64; ops + 1];
+    let mut at_op: Vec<Vec<usize>> = vec![Vec::new(); ops + 1];
+    for (i, t) in tensors.iter().enumerate() {
+        // Difference array for the breadth; the tensor is listed at each op it is live at.
+        breadth[t.first as usize] += t.size;
+        breadth[t.last as usize + 1] = breadth[t.last as usize + 1].wrapping_sub(t.size);
+        for op in t.first..=t.last {
+            at_op[op as usize].push(i);
+        }
+    }
+    for op in 1..breadth.len() {
+        breadth[op] = breadth[op].wrapping_add(breadth[op - 1]);
+    }
+    let mut op_order: Vec<usize> = (0..ops).collect();
+    op_order.sort_by_key(|&op| (std::cmp::Reverse(breadth[op]), op));
+    let mut seen = vec![false; tensors.len()];
+    let mut order = Vec::with_capacity(tensors.len());
+    for op in op_order {
+        let mut here: Vec<usize> = at_op[op].iter().copied().filter(|&i| !seen[i]).collect();
+        here.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size), i));
+        for i in here {
+            seen[i] = true;
+            order.push(i);
+        }
+    }
+    order
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as usize % n
+    }
+}
+
+fn search(tensors: &[Tensor], bound: u64, budget: Budget) -> (Vec<u64>, u64) {
+    let start = Instant::now();
+    let n = tensors.len();
+    let mut offsets = vec![0u64; n];
+    let mut seeds = vec![order_by_size(tensors), order_by_breadth(tensors)];
+    let mut by_life: Vec<usize> = (0..n).collect();
+    by_life.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].last - tensors[i].first), std::cmp::Reverse(tensors[i].size), i));
+    seeds.push(by_life);
+    let mut by_area: Vec<usize> = (0..n).collect();
+    by_area.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size as u128 * (tensors[i].last - tensors[i].first + 1) as u128), i));
+    seeds.push(by_area);
+    // The best plan of any seed with either decoder; the local search continues from the best
+    // lowest-offset order.
+    let mut best_offsets = vec![0u64; n];
+    let mut best_size = u64::MAX;
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_size = u64::MAX;
+    for s in &seeds {
+        for best_fit in [true, false] {
+            let size = decode(tensors, s, best_fit, &mut offsets);
+            if size < best_size {
+                best_size = size;
+                best_offsets.copy_from_slice(&offsets);
+            }
+            if !best_fit && size < cur_size {
+                cur_size = size;
+                cur = s.clone();
+            }
+        }
+    }
+    let mut rng = Rng(budget.seed | 1);
+    let mut cand = cur.clone();
+    let mut step = 0;
+    while best_size > bound && n > 1 && step < budget.max_steps {
+        if step % 64 == 0 && start.elapsed() > budget.max_time {
+            break;
+        }
+        step += 1;
+        cand.copy_from_slice(&cur);
+        let (i, j) = (rng.below(n), rng.below(n));
+        if rng.below(2) == 0 {
+            cand.swap(i, j);
+        } else {
+            let x = cand.remove(i);
+            cand.insert(j, x);
+        }
+        let size = decode(tensors, &cand, false, &mut offsets);
+        if size <= cur_size {
+            std::mem::swap(&mut cur, &mut cand);
+            cur_size = size;
+            if size < best_size {
+                best_size = size;
+                best_offsets.copy_from_slice(&offsets);
+            }
+        }
+    }
+    (best_offsets, best_size)
+}
+
+/// Plans with one strategy.
+pub fn plan_with(tensors: &[Tensor], strategy: Strategy, budget: Budget) -> Result<Plan, PlanError> {
+    check_input(tensors)?;
+    let lower_bound = lower_bound(tensors);
+    let naive_total = naive_total(tensors);
+    let mut offsets = vec![0u64; tensors.len()];
+    let arena_size = match strategy {
+        Strategy::GreedyBySize => decode(tensors, &order_by_size(tensors), true, &mut offsets),
+        Strategy::GreedyByBreadth => decode(tensors, &order_by_breadth(tensors), true, &mut offsets),
+        Strategy::Search => {
+            let (o, size) = search(tensors, lower_bound, budget);
+            offsets = o;
+            size
+        }
+    };
+    validate(tensors, &offsets, arena_size)?;
+    Ok(Plan { offsets, arena_size, lower_bound, naive_total, strategy })
+}
+
+/// Plans with the default strategy (`search`, which starts from both greedy plans and keeps the best)
+/// and the default budget.
+pub fn plan(tensors: &[Tensor]) -> Result<Plan, PlanError> {
+    plan_with(tensors, Strategy::Search, Budget::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(id: &str, size: u64, first: u32, last: u32) -> Tensor {
+        Tensor::new(id, size, first, last)
+    }
+
+    #[test]
+    fn chain_reuses_memory() {
+        // a -> b -> c: a and c never live together.
+        let ts = vec![t("a", 100, 0, 1), t("b", 50, 1, 2), t("c", 100, 2, 3)];
+        assert_eq!(lower_bound(&ts), 150);
+        for s in Strategy::ALL {
+            let p = plan_with(&ts, s, Budget::default()).unwrap();
+            assert_eq!(p.arena_size, 150, "{s:?}");
+            assert_eq!(p.naive_total, 250);
+        }
+    }
+
+    #[test]
+    fn validate_catches_overlap_and_misalignment() {
+        let mut ts = vec![t("a", 100, 0, 1), t("b", 100, 1, 2)];
+        assert_eq!(validate(&ts, &[0, 50], 200), Err(PlanError::Overlap { a: 0, b: 1 }));
+        assert_eq!(validate(&ts, &[0, 100], 200), Ok(()));
+        assert_eq!(validate(&ts, &[0, 100], 150), Err(PlanError::Misplaced { index: 1 }));
+        ts[1].align = 64;
+        assert_eq!(validate(&ts, &[0, 100], 300), Err(PlanError::Misplaced { index: 1 }));
+        assert_eq!(validate(&ts, &[0], 300), Err(PlanError::WrongLength));
+    }
+
+    #[test]
+    fn alignment_is_honoured() {
+        let mut ts: Vec<Tensor> = (0..50u32).map(|i| t("x", 1 + (i as u64 * 37) % 301, i % 7, i % 7 + 3)).collect();
+        for (i, x) in ts.iter_mut().enumerate() {
+            x.align = 1 << (i % 7);
+        }
+        for s in Strategy::ALL {
+            let p = plan_with(&ts, s, Budget::default()).unwrap();
+            for (i, x) in ts.iter().enumerate() {
+                assert_eq!(p.offsets[i] % x.align, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_input_is_rejected() {
+        assert!(matches!(plan(&[t("a", 1, 3, 2)]), Err(PlanError::BadTensor { index: 0, .. })));
+        let mut x = t("a", 1, 0, 0);
+        x.align = 3;
+        assert!(matches!(plan(&[x]), Err(PlanError::BadTensor { .. })));
+        assert!(matches!(plan(&[t("a", u64::MAX, 0, 0), t("b", 2, 0, 0)]), Err(PlanError::Overflow)));
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.arena_size, 0);
+    }
+
+    #[test]
+    fn random_instances_give_valid_plans_no_worse_than_greedy() {
+        let mut rng = Rng(42);
+        for _ in 0..50 {
+            let n = 1 + rng.below(60);
+            let ts: Vec<Tensor> = (0..n)
+                .map(|i| {
+                    let f = rng.below(30) as u32;
+                    t(&format!("t{i}"), 1 + rng.below(10_000) as u64, f, f + rng.below(8) as u32)
+                })
+                .collect();
+            let g = plan_with(&ts, Strategy::GreedyBySize, Budget::default()).unwrap();
+            let b = plan_with(&ts, Strategy::GreedyByBreadth, Budget::default()).unwrap();
+            let s = plan(&ts).unwrap();
+            assert!(s.arena_size <= g.arena_size.min(b.arena_size));
+            assert!(s.arena_size >= s.lower_bound);
+        }
+    }
+}
