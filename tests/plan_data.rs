@@ -10,15 +10,12 @@ fn data_dir() -> PathBuf {
 }
 
 fn load(name: &str) -> Vec<Tensor> {
-    let text = std::fs::read_to_string(data_dir().join(format!("{name}.csv"))).unwrap();
-    text.lines()
-        .skip(1)
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            Tensor::new(f[0], f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap())
-        })
-        .collect()
+    load_from(&data_dir(), name)
+}
+
+fn load_from(dir: &std::path::Path, name: &str) -> Vec<Tensor> {
+    let text = std::fs::read_to_string(dir.join(format!("{name}.csv"))).unwrap();
+    plan::csv::parse(&text, 1).unwrap()
 }
 
 #[test]
@@ -45,4 +42,42 @@ fn every_dataset_planned_valid_and_default_reaches_the_bound() {
     let ts = load("deeplabv3_mnv2_513");
     let g = plan::plan_with(&ts, Strategy::GreedyBySize, Budget::default()).unwrap();
     assert!(g.arena_size > g.lower_bound, "greedy by size was expected to miss the DeepLab bound");
+}
+
+/// Our own datasets (tests/data/plan, made by scripts/gen-plan-data.py from the published
+/// architectures): valid plans, the search never worse than either greedy, and at the bound.
+#[test]
+fn own_datasets_planned_valid() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("data").join("plan");
+    for name in ["efficientnet_b0_224", "yolov5s_640", "vit_b16_224"] {
+        let ts = load_from(&dir, name);
+        let g = plan::plan_with(&ts, Strategy::GreedyBySize, Budget::default()).unwrap();
+        let b = plan::plan_with(&ts, Strategy::GreedyByBreadth, Budget::default()).unwrap();
+        let s = plan::plan(&ts).unwrap();
+        plan::validate(&ts, &s.offsets, s.arena_size).unwrap();
+        assert!(s.arena_size <= g.arena_size.min(b.arena_size), "{name}");
+        assert_eq!(s.arena_size, s.lower_bound, "{name}: default strategy missed the bound");
+        assert!(s.naive_total > 4 * s.lower_bound, "{name}: sharing should save most of the memory");
+    }
+}
+
+/// An arena for the DeepLab plan: every tensor's slice is where the plan says, and tensors live at
+/// the same op do not clobber each other when written in op order.
+#[test]
+fn planned_arena_for_deeplab() {
+    let ts = load("deeplabv3_mnv2_513");
+    let p = plan::plan(&ts).unwrap();
+    let mut arena = plan::PlannedArena::new(&ts, &p, true).unwrap();
+    assert_eq!(arena.size() as u64, p.lower_bound);
+    let last_op = ts.iter().map(|t| t.last).max().unwrap();
+    for op in 0..=last_op {
+        // Tensors born at this op are written with their index; every live tensor must still hold it.
+        for (i, t) in ts.iter().enumerate().filter(|(_, t)| t.first == op) {
+            arena.slice_mut(&t.id).unwrap().fill(i as u8);
+        }
+        for (i, t) in ts.iter().enumerate().filter(|(_, t)| t.first <= op && op <= t.last) {
+            let s = arena.slice(&t.id).unwrap();
+            assert!(s.iter().all(|&x| x == i as u8), "tensor {} clobbered at op {op}", t.id);
+        }
+    }
 }

@@ -15,7 +15,11 @@
 //!   budget; it stops as soon as it reaches the lower bound. The lowest-offset decoder can express an
 //!   optimal packing: placing tensors in the order of their offsets in any optimal plan, each at its
 //!   lowest feasible offset, puts each at or below its optimal offset (induction on that order).
-#![forbid(unsafe_code)]
+
+mod arena;
+pub mod csv;
+
+pub use arena::{ArenaError, PlannedArena};
 
 use std::fmt;
 use std::time::{Duration, Instant};
