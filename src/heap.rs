@@ -172,9 +172,18 @@ fn post_init() {
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
-    if options().get(options::VERBOSE) != 0 {
+    let o = options();
+    if o.get(options::VERBOSE) != 0 {
         print_banner();
     }
+    if o.get(options::STATS) != 0 {
+        // SAFETY: `print_stats_at_exit` is an `extern "C"` function that does not unwind.
+        unsafe { libc::atexit(print_stats_at_exit) };
+    }
+}
+
+extern "C" fn print_stats_at_exit() {
+    crate::c_api::write_stats(2);
 }
 
 /// The options in effect (defaults before initialisation).

@@ -16,6 +16,7 @@
 //! - `heap`: the global heap — region, lock, growth, purging, budget, direct mappings, `fork`.
 //! - `cache`: thread-local caches — fast paths, remote frees, thread exit and adoption.
 //! - `global`: routing — which part serves a request and who owns a pointer; [`EdgePool`].
+//! - [`c_api`]: the C allocation API with glibc's semantics (exported by `libedgepool.so`).
 //! - `stats`: counters and the statistics report.
 //! - [`plan`]: the static memory planner (independent of the allocator).
 
@@ -23,6 +24,7 @@
 
 mod buddy;
 mod cache;
+pub mod c_api;
 mod global;
 mod heap;
 pub mod options;

@@ -90,8 +90,13 @@ pub unsafe fn purge(p: *mut u8, len: usize) -> bool {
         return false;
     }
     // SAFETY: the caller guarantees the range is ours and dead; MADV_DONTNEED on a private anonymous
-    // mapping drops the pages, which read back as zero.
-    unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) == 0 && start == p as usize && end == p as usize + len }
+    // mapping drops the pages, which read back as zero. errno is preserved: `free` may purge.
+    unsafe {
+        let e = errno();
+        let ok = libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) == 0;
+        set_errno(e);
+        ok && start == p as usize && end == p as usize + len
+    }
 }
 
 /// Unmaps `[p, p+len)`.

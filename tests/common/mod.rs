@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests (each test file is its own process).
 #![allow(dead_code)]
 
+pub mod preload;
+
 /// xorshift64*: a small deterministic generator (no dependency, no allocation).
 pub struct Rng(pub u64);
 

@@ -1,0 +1,345 @@
+//! The C allocation API with glibc's exact semantics (see `../shared/PRELOAD-CONTRACT.md`). The cdylib
+//! only exports these under their C names; all the rules live here, testable in-process.
+//!
+//! errno: set to `ENOMEM`/`EINVAL` exactly where glibc sets it; `free` never changes it (the OS layer
+//! saves and restores errno around every system call a free can make).
+
+use core::ffi::{c_char, c_int, c_void};
+
+use crate::global;
+use crate::os;
+
+const MIN_ALIGN: usize = 16;
+const PTRDIFF_MAX: usize = isize::MAX as usize;
+
+#[inline]
+fn fail(e: i32) -> *mut c_void {
+    os::set_errno(e);
+    core::ptr::null_mut()
+}
+
+/// `malloc(n)`: `n == 0` gives a unique pointer; `n > PTRDIFF_MAX` gives NULL + `ENOMEM`.
+#[inline]
+pub fn malloc(n: usize) -> *mut c_void {
+    let p = global::alloc(n, MIN_ALIGN);
+    if p.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    p.cast()
+}
+
+/// `calloc(n, s)`: overflow gives NULL + `ENOMEM`; the memory is zero.
+#[inline]
+pub fn calloc(n: usize, s: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(s) else { return fail(libc::ENOMEM) };
+    let p = global::alloc_zeroed(total, MIN_ALIGN);
+    if p.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    p.cast()
+}
+
+/// `free(p)`: NULL is a no-op; errno is preserved.
+///
+/// # Safety
+/// - `p` is NULL or a live block of this allocator.
+#[inline]
+pub unsafe fn free(p: *mut c_void) {
+    // SAFETY: forwarded contract.
+    unsafe { global::free(p.cast()) }
+}
+
+/// `realloc(p, n)`: `(NULL, n)` is `malloc(n)`; `(p, 0)` frees `p` and returns NULL without setting
+/// errno; on failure NULL + `ENOMEM` with `p` intact; growing within the usable size does not move.
+///
+/// # Safety
+/// - `p` is NULL or a live block of this allocator.
+pub unsafe fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(n);
+    }
+    if n == 0 {
+        // SAFETY: live block.
+        unsafe { global::free(p.cast()) };
+        return core::ptr::null_mut();
+    }
+    if n > PTRDIFF_MAX {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: live block, allocated with alignment ≤ its slot's (realloc keeps at least 16).
+    let q = unsafe { global::realloc(p.cast(), n, MIN_ALIGN) };
+    if q.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    q.cast()
+}
+
+/// `reallocarray(p, n, s)`: overflow gives NULL + `ENOMEM`; otherwise `realloc(p, n * s)`.
+///
+/// # Safety
+/// - as [`realloc`].
+pub unsafe fn reallocarray(p: *mut c_void, n: usize, s: usize) -> *mut c_void {
+    match n.checked_mul(s) {
+        // SAFETY: forwarded contract.
+        Some(total) => unsafe { realloc(p, total) },
+        None => fail(libc::ENOMEM),
+    }
+}
+
+/// Allocation at alignment `align` (a power of two) with C error reporting.
+fn aligned(align: usize, n: usize) -> *mut c_void {
+    let p = global::alloc(n, align.max(MIN_ALIGN));
+    if p.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    p.cast()
+}
+
+/// `posix_memalign(&p, a, n)`: `a` not a power-of-two multiple of `sizeof(void*)` gives `EINVAL`;
+/// failure gives `ENOMEM`; on any failure `*memptr` is unchanged and errno untouched.
+///
+/// # Safety
+/// - `memptr` is valid for a write.
+pub unsafe fn posix_memalign(memptr: *mut *mut c_void, align: usize, n: usize) -> c_int {
+    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    let saved = os::errno();
+    let p = global::alloc(n, align.max(MIN_ALIGN));
+    if p.is_null() {
+        os::set_errno(saved);
+        return libc::ENOMEM;
+    }
+    // SAFETY: caller guarantees memptr is writable.
+    unsafe { *memptr = p.cast() };
+    0
+}
+
+/// `aligned_alloc(a, n)` as glibc ≥ 2.38: `a` zero or not a power of two gives NULL + `EINVAL`; any
+/// `n` is allowed.
+pub fn aligned_alloc(align: usize, n: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        return fail(libc::EINVAL);
+    }
+    aligned(align, n)
+}
+
+/// `memalign(a, n)`: `a <= 16` acts as malloc; a non-power-of-two `a` is rounded up; a huge `a` gives
+/// NULL + `EINVAL`.
+pub fn memalign(align: usize, n: usize) -> *mut c_void {
+    if align <= MIN_ALIGN {
+        return malloc(n);
+    }
+    if align > PTRDIFF_MAX / 2 + 1 {
+        return fail(libc::EINVAL);
+    }
+    aligned(align.next_power_of_two(), n)
+}
+
+/// `valloc(n)`: page aligned.
+pub fn valloc(n: usize) -> *mut c_void {
+    aligned(os::os_page_size(), n)
+}
+
+/// `pvalloc(n)`: page aligned, `n` rounded up to whole pages (at least one); overflow gives `ENOMEM`.
+pub fn pvalloc(n: usize) -> *mut c_void {
+    let page = os::os_page_size();
+    let Some(rounded) = n.max(1).checked_add(page - 1).map(|v| v & !(page - 1)) else {
+        return fail(libc::ENOMEM);
+    };
+    aligned(page, rounded)
+}
+
+/// `malloc_usable_size(p)`: 0 for NULL; otherwise at least the request, all of it writable.
+///
+/// # Safety
+/// - `p` is NULL or a live block of this allocator.
+pub unsafe fn malloc_usable_size(p: *mut c_void) -> usize {
+    // SAFETY: forwarded contract.
+    unsafe { global::usable_size(p.cast()) }
+}
+
+/// glibc's `struct mallinfo2`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mallinfo2 {
+    pub arena: usize,
+    pub ordblks: usize,
+    pub smblks: usize,
+    pub hblks: usize,
+    pub hblkhd: usize,
+    pub usmblks: usize,
+    pub fsmblks: usize,
+    pub uordblks: usize,
+    pub fordblks: usize,
+    pub keepcost: usize,
+}
+
+/// glibc's `struct mallinfo` (int fields, truncated as glibc does).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mallinfo {
+    pub arena: c_int,
+    pub ordblks: c_int,
+    pub smblks: c_int,
+    pub hblks: c_int,
+    pub hblkhd: c_int,
+    pub usmblks: c_int,
+    pub fsmblks: c_int,
+    pub uordblks: c_int,
+    pub fordblks: c_int,
+    pub keepcost: c_int,
+}
+
+/// `mallinfo2()` from edgepool's counters: `arena` = heap bytes committed, `hblks`/`hblkhd` = direct
+/// mappings, `uordblks` = bytes in allocated heap blocks (slabs counted whole) plus direct mappings,
+/// `fordblks` = free heap bytes, `keepcost` = free bytes still resident, `usmblks` = peak OS bytes.
+pub fn mallinfo2() -> Mallinfo2 {
+    let s = crate::stats();
+    let c = s.counters;
+    Mallinfo2 {
+        arena: s.committed_bytes,
+        ordblks: 0,
+        smblks: 0,
+        hblks: c.direct_allocs - c.direct_frees,
+        hblkhd: c.direct_bytes,
+        usmblks: s.peak_os_bytes,
+        fsmblks: 0,
+        uordblks: s.committed_bytes - s.free_bytes + c.direct_bytes,
+        fordblks: s.free_bytes,
+        keepcost: s.dirty_free_bytes,
+    }
+}
+
+/// `mallinfo()`: [`mallinfo2`] truncated to `int`.
+pub fn mallinfo() -> Mallinfo {
+    let m = mallinfo2();
+    let t = |v: usize| v as c_int;
+    Mallinfo {
+        arena: t(m.arena),
+        ordblks: t(m.ordblks),
+        smblks: t(m.smblks),
+        hblks: t(m.hblks),
+        hblkhd: t(m.hblkhd),
+        usmblks: t(m.usmblks),
+        fsmblks: t(m.fsmblks),
+        uordblks: t(m.uordblks),
+        fordblks: t(m.fordblks),
+        keepcost: t(m.keepcost),
+    }
+}
+
+/// `malloc_trim(pad)`: returns free memory to the OS; 1 if any was released, else 0.
+pub fn malloc_trim(_pad: usize) -> c_int {
+    c_int::from(crate::trim() > 0)
+}
+
+/// `mallopt(param, value)`: accepted and ignored (edgepool is tuned by `EDGEPOOL_*`); returns 1 as glibc
+/// does on success.
+pub fn mallopt(_param: c_int, _value: c_int) -> c_int {
+    1
+}
+
+/// Writes the statistics report to `fd`, without allocating.
+pub fn write_stats(fd: c_int) {
+    let s = crate::stats();
+    let mut m = os::MsgBuf::new();
+    let out = |m: &os::MsgBuf| {
+        let b = m.as_bytes();
+        // SAFETY: the buffer is valid for its length.
+        unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+    };
+    m.str("edgepool statistics\n");
+    out(&m);
+    let figures = [
+        ("os_bytes", s.os_bytes),
+        ("peak_os_bytes", s.peak_os_bytes),
+        ("committed_bytes", s.committed_bytes),
+        ("free_bytes", s.free_bytes),
+        ("dirty_free_bytes", s.dirty_free_bytes),
+        ("slab_bytes", s.slab_bytes),
+        ("limit_bytes", s.limit_bytes),
+    ];
+    for (name, v) in figures.into_iter().chain(s.counters.fields()) {
+        let mut m = os::MsgBuf::new();
+        m.str("  ").str(name).str(" ").num(v as u64).str("\n");
+        out(&m);
+    }
+}
+
+/// `malloc_stats()`: the statistics report on stderr (glibc prints there too).
+pub fn malloc_stats() {
+    write_stats(2);
+}
+
+/// `malloc_info(options, stream)`: an XML summary on `stream`; `options != 0` gives `EINVAL`.
+///
+/// # Safety
+/// - `stream` is a valid `FILE*`.
+pub unsafe fn malloc_info(options: c_int, stream: *mut libc::FILE) -> c_int {
+    if options != 0 {
+        os::set_errno(libc::EINVAL);
+        return -1;
+    }
+    let s = crate::stats();
+    let mut m = os::MsgBuf::new();
+    m.str("<malloc version=\"edgepool-").str(env!("CARGO_PKG_VERSION")).str("\">\n");
+    m.str("<total type=\"committed\" size=\"").num(s.committed_bytes as u64).str("\"/>\n");
+    m.str("<total type=\"os\" size=\"").num(s.os_bytes as u64).str("\"/>\n");
+    m.str("<total type=\"free\" size=\"").num(s.free_bytes as u64).str("\"/>\n");
+    m.str("<total type=\"mmap\" count=\"").num((s.counters.direct_allocs - s.counters.direct_frees) as u64);
+    m.str("\" size=\"").num(s.counters.direct_bytes as u64).str("\"/>\n</malloc>\n");
+    let b = m.as_bytes();
+    // SAFETY: stream is a valid FILE* (caller); stdio may allocate, which re-enters a ready allocator
+    // holding no lock.
+    unsafe { libc::fwrite(b.as_ptr().cast(), 1, b.len(), stream) };
+    0
+}
+
+/// `edgepool_version()`: a static NUL-terminated version string.
+pub fn version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_edges_in_process() {
+        os::set_errno(0);
+        let p = malloc(0);
+        assert!(!p.is_null());
+        // SAFETY: live block.
+        unsafe { free(p) };
+        assert!(malloc(usize::MAX).is_null());
+        assert_eq!(os::errno(), libc::ENOMEM);
+        assert!(calloc(usize::MAX / 2, 3).is_null());
+        os::set_errno(0);
+        // SAFETY: NULL and live blocks only.
+        unsafe {
+            assert!(!reallocarray(core::ptr::null_mut(), 0, 16).is_null() || os::errno() == 0);
+            assert_eq!(os::errno(), 0);
+            let mut out = 7usize as *mut c_void;
+            assert_eq!(posix_memalign(&mut out, 3, 8), libc::EINVAL);
+            assert_eq!(posix_memalign(&mut out, 4, 8), libc::EINVAL);
+            assert_eq!(out as usize, 7);
+            assert_eq!(posix_memalign(&mut out, 64, 0), 0);
+            assert_eq!(out as usize % 64, 0);
+            free(out);
+        }
+        assert!(aligned_alloc(0, 8).is_null());
+        assert_eq!(os::errno(), libc::EINVAL);
+        assert!(aligned_alloc(24, 8).is_null());
+        let q = memalign(24, 10);
+        assert_eq!(q as usize % 32, 0);
+        // SAFETY: live block.
+        unsafe { free(q) };
+        let v = pvalloc(1);
+        // SAFETY: live block.
+        unsafe {
+            assert!(malloc_usable_size(v) >= os::os_page_size());
+            free(v);
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! `libedgepool.so` under `LD_PRELOAD`: the link gate, the C and C++ contract suites, and real programs
+//! nobody here wrote (python3, sqlite3, git), each compared with its run without edgepool, with
+//! edgepool's own counters as proof that the allocations went through it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::preload::{compile_c, lib, run_with, stat, tmp_dir};
+
+/// Every symbol the library must export.
+const REQUIRED: &[&str] = &[
+    "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc", "memalign",
+    "valloc", "pvalloc", "malloc_usable_size", "free_sized", "free_aligned_sized", "cfree", "malloc_trim",
+    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "malloc_info", "__libc_malloc", "__libc_free",
+    "__libc_calloc", "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc", "__libc_cfree",
+    "__posix_memalign", "edgepool_version", "edgepool_trim", "edgepool_print_stats", "edgepool_set_limit",
+];
+
+#[test]
+fn link_gate_exports_and_tls_model() {
+    let so = lib();
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let exported: BTreeSet<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    let missing: Vec<&&str> = REQUIRED.iter().filter(|s| !exported.contains(**s)).collect();
+    assert!(missing.is_empty(), "libedgepool.so does not export {missing:?}");
+    // Nothing but the C API: no Rust symbols leak.
+    assert!(!exported.iter().any(|s| s.starts_with("_R")), "Rust symbols exported");
+    // Initial-exec TLS: the library is marked STATIC_TLS and no edgepool function calls __tls_get_addr.
+    let dynamic = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
+    assert!(String::from_utf8_lossy(&dynamic.stdout).contains("STATIC_TLS"), "not built with initial-exec TLS");
+    let dis = Command::new("objdump").arg("-d").arg(&so).output().unwrap();
+    let dis = String::from_utf8_lossy(&dis.stdout);
+    let mut func = String::new();
+    let mut offenders = BTreeSet::new();
+    for line in dis.lines() {
+        if line.ends_with(">:") {
+            func = line.to_owned();
+        } else if line.contains("call") && line.contains("__tls_get_addr") && func.contains("edgepool") {
+            offenders.insert(func.clone());
+        }
+    }
+    assert!(offenders.is_empty(), "edgepool functions call __tls_get_addr: {offenders:?}");
+    // And malloc in particular reads its thread cache through %fs. The linker may fold `malloc` with an
+    // identical twin (`__libc_malloc`), so find its body by address.
+    let addr = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some("malloc"))
+        .and_then(|l| l.split_whitespace().next())
+        .map(|a| a.trim_start_matches('0').to_owned())
+        .unwrap();
+    let malloc_body: String = dis
+        .lines()
+        .skip_while(|l| !(l.ends_with(">:") && l.trim_start_matches('0').starts_with(&format!("{addr} "))))
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!malloc_body.is_empty(), "malloc's body not found at {addr}");
+    assert!(malloc_body.contains("%fs:"), "malloc does not read its thread cache through %fs:\n{malloc_body}");
+}
+
+fn tls_libs(dir: &Path) -> Vec<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/tlslib.c");
+    let first = dir.join("tlslib0.so");
+    compile_c(&src, &first, &["-shared", "-fPIC"]);
+    (0..4)
+        .map(|i| {
+            let p = dir.join(format!("tlslib{i}.so"));
+            if i > 0 {
+                std::fs::copy(&first, &p).unwrap();
+            }
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn c_contract_suite_under_preload() {
+    let dir = tmp_dir("contract");
+    let exe = dir.join("contract");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/contract.c"), &exe, &["-pthread", "-ldl"]);
+    let libs = tls_libs(&dir);
+    let out = run_with(Command::new(&exe).args(&libs), true, &[("EDGEPOOL_STATS", "1")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "contract suite failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("contract:") && stdout.contains(" 0 failed"), "{stdout}");
+    assert!(stat(&stderr, "slabs_acquired") > 0, "no allocation went through edgepool:\n{stderr}");
+}
+
+#[test]
+fn cxx_under_preload() {
+    let dir = tmp_dir("cxx");
+    let exe = dir.join("cxx");
+    let st = Command::new("c++")
+        .args(["-O2", "-D_FORTIFY_SOURCE=3", "-pthread"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cxx.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(st.success(), "c++ failed");
+    let out = run_with(&mut Command::new(&exe), true, &[("EDGEPOOL_STATS", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cxx: 1 passed, 0 failed"));
+    assert!(stat(&stderr, "caches_abandoned") >= 8, "threads did not hand their caches back:\n{stderr}");
+}
+
+/// Runs `cmd` without and with edgepool; the outputs must be identical. Returns the preloaded run.
+fn same_output(mut make: impl FnMut() -> Command) -> Output {
+    let plain = make().output().unwrap();
+    assert!(plain.status.success(), "plain run failed: {}", String::from_utf8_lossy(&plain.stderr));
+    let pre = run_with(&mut make(), true, &[("EDGEPOOL_STATS", "1")]);
+    assert!(pre.status.success(), "preloaded run failed: {}", String::from_utf8_lossy(&pre.stderr));
+    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout), "output differs under edgepool");
+    assert!(!pre.stdout.is_empty());
+    pre
+}
+
+fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+#[test]
+fn python3_threads_json_re_and_fork() {
+    let script = programs().join("py_workload.py");
+    let small = same_output(|| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg("1");
+        c
+    });
+    let large = run_with(Command::new("python3").arg(&script).arg("3"), true, &[("EDGEPOOL_STATS", "1")]);
+    assert!(large.status.success());
+    let (s, l) = (String::from_utf8_lossy(&small.stderr), String::from_utf8_lossy(&large.stderr));
+    let (rs, rl) = (stat(&s, "slab_refills"), stat(&l, "slab_refills"));
+    assert!(rs > 100, "python3 did not allocate through edgepool: {s}");
+    assert!(rl > rs, "edgepool's counters did not grow with the work ({rs} -> {rl})");
+}
+
+#[test]
+fn sqlite3_scripted_workload() {
+    let sql = std::fs::read(programs().join("sqlite_workload.sql")).unwrap();
+    let run = |preload: bool| {
+        let mut c = Command::new("sqlite3");
+        c.arg(":memory:").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        if preload {
+            c.env("LD_PRELOAD", lib()).env("EDGEPOOL_STATS", "1");
+        }
+        let mut child = c.spawn().expect("sqlite3 is installed by .ci/run");
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&sql).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let plain = run(false);
+    let pre = run(true);
+    assert!(plain.status.success() && pre.status.success(), "{}", String::from_utf8_lossy(&pre.stderr));
+    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout));
+    assert!(pre.stdout.len() > 100);
+    assert!(stat(&String::from_utf8_lossy(&pre.stderr), "slab_refills") > 100);
+}
+
+#[test]
+fn git_creates_and_walks_a_repository() {
+    let script = programs().join("git_workload.sh");
+    let a = tmp_dir("git-plain");
+    let b = tmp_dir("git-pre");
+    let plain = Command::new("sh").arg(&script).arg(&a).arg("15").output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let pre = run_with(Command::new("sh").arg(&script).arg(&b).arg("15"), true, &[("EDGEPOOL_STATS", "1")]);
+    let stderr = String::from_utf8_lossy(&pre.stderr);
+    assert!(pre.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout));
+    // Every git process printed its statistics at exit: many processes, all on edgepool.
+    assert!(stderr.matches("edgepool statistics").count() > 30, "{stderr}");
+}
