@@ -177,3 +177,36 @@ fn git_creates_and_walks_a_repository() {
     // Every git process printed its statistics at exit: many processes, all on edgepool.
     assert!(stderr.matches("edgepool statistics").count() > 30, "{stderr}");
 }
+
+/// The Python with onnxruntime and onnx that `.ci/run` installs (`target/test-venv`), or
+/// `EDGEPOOL_TEST_PYTHON`. Missing under CI is a failure; elsewhere the test says so and passes.
+fn ort_python() -> Option<PathBuf> {
+    let candidate = std::env::var_os("EDGEPOOL_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python"));
+    let ok = Command::new(&candidate).args(["-c", "import onnxruntime, onnx, numpy"]).output().is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(candidate);
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must provide onnxruntime: {} cannot import it", candidate.display());
+    eprintln!("SKIPPED: no Python with onnxruntime at {} (run .ci/run once to create it)", candidate.display());
+    None
+}
+
+#[test]
+fn onnxruntime_inference_session_identical_under_edgepool() {
+    let Some(python) = ort_python() else { return };
+    let dir = tmp_dir("ort");
+    let script = programs().join("ort_infer.py");
+    let model_a = dir.join("a.onnx");
+    let model_b = dir.join("b.onnx");
+    let plain = Command::new(&python).arg(&script).arg(&model_a).output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let pre = run_with(Command::new(&python).arg(&script).arg(&model_b), true, &[("EDGEPOOL_STATS", "1")]);
+    let stderr = String::from_utf8_lossy(&pre.stderr);
+    assert!(pre.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout), "inference output differs");
+    assert_eq!(std::fs::read(&model_a).unwrap(), std::fs::read(&model_b).unwrap());
+    assert!(stat(&stderr, "slab_refills") > 1000, "onnxruntime did not allocate through edgepool:\n{stderr}");
+    assert!(stat(&stderr, "large_allocs") > 10, "{stderr}");
+}

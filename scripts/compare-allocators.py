@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Runs one command under several allocators, alternating run by run, and prints each allocator's
+median wall time and median peak RSS, with the ratio to the system allocator (glibc).
+
+    python3 scripts/compare-allocators.py [--rounds N] [--only a,b] -- COMMAND ARGS...
+
+Allocators: system (no preload), edgepool (target/release/libedgepool.so, built if needed), and the
+Debian packages libmimalloc2.0, libjemalloc2, libtcmalloc-minimal4 (installed with apt-get if missing).
+Peak RSS is the waited process's ru_maxrss (the largest of it and the children it waited for).
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+DEBIAN = {
+    "mimalloc": ("libmimalloc2.0", "libmimalloc.so.2"),
+    "jemalloc": ("libjemalloc2", "libjemalloc.so.2"),
+    "tcmalloc": ("libtcmalloc-minimal4", "libtcmalloc_minimal.so.4"),
+}
+
+
+def ensure_debian(names):
+    missing = [DEBIAN[n][0] for n in names if n in DEBIAN and not os.path.exists(os.path.join(LIBDIR, DEBIAN[n][1]))]
+    if missing:
+        print(f"installing {' '.join(missing)} ...", file=sys.stderr)
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def edgepool_lib():
+    lib = os.path.join(ROOT, "target", "release", "libedgepool.so")
+    subprocess.run(["cargo", "build", "--release", "-p", "edgepool-cdylib", "-q"], cwd=ROOT, check=True)
+    return lib
+
+
+def run_once(cmd, preload, env_extra):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    env.update(env_extra)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed under {preload or 'system'}: {err[-2000:]}")
+    return wall, ru.ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default="system,edgepool,mimalloc,jemalloc,tcmalloc")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        ap.error("no command")
+    names = a.only.split(",")
+    ensure_debian(names)
+    libs = {"system": None}
+    for n in names:
+        if n == "edgepool":
+            libs[n] = edgepool_lib()
+        elif n in DEBIAN:
+            libs[n] = os.path.join(LIBDIR, DEBIAN[n][1])
+    results = {n: [] for n in names}
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        for n in order:
+            results[n].append(run_once(cmd, libs[n], {}))
+    base_t = statistics.median(w for w, _ in results["system"]) if "system" in results else None
+    base_m = statistics.median(m for _, m in results["system"]) if "system" in results else None
+    print(f"command: {' '.join(cmd)}  ({a.rounds} rounds, medians)")
+    if a.markdown:
+        print("| allocator | wall time | peak RSS | time ÷ system | peak RSS ÷ system |")
+        print("|---|---|---|---|---|")
+    for n in names:
+        t = statistics.median(w for w, _ in results[n])
+        m = statistics.median(x for _, x in results[n])
+        rt = f"{t / base_t:.2f}" if base_t else "-"
+        rm = f"{m / base_m:.2f}" if base_m else "-"
+        if a.markdown:
+            print(f"| {n} | {t:.3f} s | {m / 2**20:.1f} MiB | {rt} | {rm} |")
+        else:
+            print(f"{n:<10} {t:8.3f} s  {m / 2**20:8.1f} MiB   time×{rt}  rss×{rm}")
+
+
+if __name__ == "__main__":
+    main()
