@@ -210,3 +210,15 @@ fn onnxruntime_inference_session_identical_under_edgepool() {
     assert!(stat(&stderr, "slab_refills") > 1000, "onnxruntime did not allocate through edgepool:\n{stderr}");
     assert!(stat(&stderr, "large_allocs") > 10, "{stderr}");
 }
+
+#[test]
+fn verbose_banner_once_confirms_preload() {
+    let out = run_with(Command::new("sh").args(["-c", "ls / > /dev/null"]), true, &[("EDGEPOOL_VERBOSE", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success());
+    // One banner per process: the shell and `ls`.
+    assert_eq!(stderr.matches("edgepool 0.1.0 active").count(), 2, "{stderr}");
+    assert!(stderr.contains("EDGEPOOL_MAX_BLOCK="), "{stderr}");
+    let quiet = run_with(Command::new("true").arg("x"), true, &[]);
+    assert!(quiet.stderr.is_empty(), "edgepool printed without being asked");
+}
