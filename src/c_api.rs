@@ -296,6 +296,51 @@ pub unsafe fn malloc_info(options: c_int, stream: *mut libc::FILE) -> c_int {
     0
 }
 
+/// `struct edgepool_phase_report` (cdylib/include/edgepool.h).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseReportC {
+    pub allocations: u64,
+    pub peak_bytes: u64,
+    pub survivor_bytes: u64,
+    pub released_bytes: u64,
+    pub os_bytes_before: u64,
+    pub os_bytes_after: u64,
+    pub duration_ns: u64,
+}
+
+/// `edgepool_load_begin()`: opens (or nests) the process-wide load phase.
+pub fn load_begin() {
+    crate::c_phase::begin();
+}
+
+/// `edgepool_load_end(out)`: ends the innermost phase opened by `edgepool_load_begin` (or by
+/// `EDGEPOOL_LOAD_PHASE=1`) and fills `*out` if `out` is not NULL. Returns 0, or -1 with `EINVAL` when no
+/// phase is open.
+///
+/// # Safety
+/// - `out` is NULL or valid for a write.
+pub unsafe fn load_end(out: *mut PhaseReportC) -> c_int {
+    let Some(r) = crate::c_phase::end() else {
+        os::set_errno(libc::EINVAL);
+        return -1;
+    };
+    if !out.is_null() {
+        let c = PhaseReportC {
+            allocations: r.allocations,
+            peak_bytes: r.peak_bytes as u64,
+            survivor_bytes: r.survivor_bytes as u64,
+            released_bytes: r.released_bytes as u64,
+            os_bytes_before: r.os_bytes_before as u64,
+            os_bytes_after: r.os_bytes_after as u64,
+            duration_ns: r.duration.as_nanos() as u64,
+        };
+        // SAFETY: caller guarantees `out` is writable.
+        unsafe { out.write(c) };
+    }
+    0
+}
+
 /// `edgepool_version()`: a static NUL-terminated version string.
 pub fn version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()

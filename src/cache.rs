@@ -27,7 +27,7 @@
 //! destructor (which would call `malloc`); thread exit is learned from a `pthread_key_create` key.
 
 use core::cell::{Cell, UnsafeCell};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use crate::buddy;
 use crate::heap;
@@ -42,7 +42,7 @@ pub const ROWS: usize = NPHASES * NCLASSES;
 /// `widx` when no word is checked out.
 const NO_WORD: u32 = u32::MAX;
 /// Capacity of a row's stack of recently freed slots (fills the row to three cache lines).
-pub const STACK: usize = 18;
+pub const STACK: usize = 16;
 
 /// One class's slabs in one phase: the allocation fast path reads only this line.
 ///
@@ -53,7 +53,9 @@ pub const STACK: usize = 18;
 ///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
 ///   when `widx == NO_WORD`, `word == 0`;
 /// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `PARTIAL` for
-///   this row;
+///   this row, and `full` likewise of its slabs in state `FULL`, so that every slab of a row is
+///   reachable (`current`, `partial`, `full`);
+/// - `count` is the number of slots the row has handed out, ever (statistics, phase reports);
 /// - `stack[..top]` are distinct free slots of this row's slabs (any of them, not only `current`),
 ///   recently freed by the owner. Their bitmap bits are clear: to their slab they still count as in
 ///   use, until they are handed out again or flushed back ([`flush_stack`]).
@@ -67,6 +69,8 @@ pub struct ClassState {
     pub size: usize,
     pub current: *mut Slab,
     pub partial: *mut Slab,
+    pub full: *mut Slab,
+    pub count: u64,
     pub stack: [*mut u8; STACK],
 }
 
@@ -80,6 +84,8 @@ const EMPTY_ROW: ClassState = ClassState {
     size: 0,
     current: empty_slab(),
     partial: core::ptr::null_mut(),
+    full: core::ptr::null_mut(),
+    count: 0,
     stack: [core::ptr::null_mut(); STACK],
 };
 
@@ -92,7 +98,14 @@ const EMPTY_ROW: ClassState = ClassState {
 #[repr(C)]
 pub struct Cache {
     pub rows: [ClassState; ROWS],
-    pub active: usize,
+    /// Written by the owner, and by a process-wide phase switch from any thread (relaxed: the owner
+    /// picks the change up at its next allocation; both rows are its own).
+    pub active: AtomicUsize,
+    /// Nesting depth of this thread's load-phase guards (owner writes; read by other threads).
+    pub depth: AtomicUsize,
+    /// Set when a process-wide load phase ended while this cache's thread was elsewhere: the owner ends
+    /// its load rows at its next slow path.
+    pub end_pending: AtomicBool,
     pub spare: *mut Slab,
     pub remote: AtomicPtr<Slab>,
     /// Next cache in the list of all caches (immutable once linked).
@@ -136,7 +149,9 @@ const fn empty_slab() -> *mut Slab {
 /// The empty cache every thread starts with: all rows are empty.
 static EMPTY_CACHE: SyncCell<Cache> = SyncCell(UnsafeCell::new(Cache {
     rows: [EMPTY_ROW; ROWS],
-    active: 0,
+    active: AtomicUsize::new(0),
+    depth: AtomicUsize::new(0),
+    end_pending: AtomicBool::new(false),
     spare: core::ptr::null_mut(),
     remote: AtomicPtr::new(core::ptr::null_mut()),
     all_next: core::ptr::null_mut(),
@@ -176,15 +191,17 @@ pub fn alloc_small(class: usize) -> *mut u8 {
     // below `top` are free slots; a set bit of the row's word is a free slot at `base + bit * size`
     // (ClassState invariant).
     unsafe {
-        let row = &mut *(*cache).rows.as_mut_ptr().add((*cache).active + class);
+        let row = &mut *(*cache).rows.as_mut_ptr().add((*cache).active.load(Ordering::Relaxed) + class);
         let t = row.top as usize;
         if t != 0 {
             row.top = (t - 1) as u32;
+            row.count += 1;
             return *row.stack.get_unchecked(t - 1);
         }
         let w = row.word;
         if w != 0 {
             row.word = w & (w - 1);
+            row.count += 1;
             return row.base.add(w.trailing_zeros() as usize * row.size);
         }
     }
@@ -285,13 +302,18 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
     bump(&COUNTERS.slab_refills, 1);
     // SAFETY: caller owns the cache; row index < ROWS.
     unsafe {
-        let ri = (*cache).active + class;
+        if (*cache).end_pending.load(Ordering::Acquire) {
+            crate::phase::end_pending(cache);
+        }
+        crate::phase::poll_trigger();
+        let ri = (*cache).active.load(Ordering::Relaxed) + class;
         let row = (*cache).rows.as_mut_ptr().add(ri);
         loop {
             let r = &mut *row;
             if r.word != 0 {
                 let w = r.word;
                 r.word = w & (w - 1);
+                r.count += 1;
                 return r.base.add(w.trailing_zeros() as usize * r.size);
             }
             let s = r.current;
@@ -303,8 +325,8 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
                 if collect_remote(cache, s) > 0 {
                     continue;
                 }
-                (*s).state = FULL;
                 (*row).current = empty_slab();
+                list_push(row, s, FULL);
             }
             let mut next = (*row).partial;
             if next.is_null() && drain_remote(cache) > 0 {
@@ -349,14 +371,31 @@ unsafe fn new_slab(cache: *mut Cache, class: usize, row: u16) -> *mut Slab {
     }
 }
 
+/// The list head of `row` for slabs in `state` (`PARTIAL` or `FULL`).
+///
 /// # Safety
-/// - `s` is on the partial list headed at `row`.
+/// - `row` is a row of a cache owned by the calling thread.
+unsafe fn list_head(row: *mut ClassState, state: u8) -> *mut *mut Slab {
+    // SAFETY: field projection of a valid row.
+    unsafe {
+        if state == FULL {
+            &raw mut (*row).full
+        } else {
+            &raw mut (*row).partial
+        }
+    }
+}
+
+/// Unlinks `s` from the list of its state (`PARTIAL` or `FULL`) in `row`.
+///
+/// # Safety
+/// - `s` is on that list of `row`.
 unsafe fn list_remove(row: *mut ClassState, s: *mut Slab) {
     // SAFETY: list members are live slabs of the same cache.
     unsafe {
         let (p, n) = ((*s).prev, (*s).next);
         if p.is_null() {
-            (*row).partial = n;
+            *list_head(row, (*s).state) = n;
         } else {
             (*p).next = n;
         }
@@ -368,19 +407,22 @@ unsafe fn list_remove(row: *mut ClassState, s: *mut Slab) {
     }
 }
 
+/// Pushes `s` onto the `state` list (`PARTIAL` or `FULL`) of `row` and sets its state.
+///
 /// # Safety
 /// - `s` is a live slab of the cache owning `row`, on no list.
-unsafe fn list_push(row: *mut ClassState, s: *mut Slab) {
+unsafe fn list_push(row: *mut ClassState, s: *mut Slab, state: u8) {
     // SAFETY: as above.
     unsafe {
-        let h = (*row).partial;
+        let head = list_head(row, state);
+        let h = *head;
         (*s).prev = core::ptr::null_mut();
         (*s).next = h;
         if !h.is_null() {
             (*h).prev = s;
         }
-        (*row).partial = s;
-        (*s).state = PARTIAL;
+        *head = s;
+        (*s).state = state;
     }
 }
 
@@ -550,7 +592,8 @@ unsafe fn refile(slab: *mut Slab) {
         let cache = (*slab).owner;
         let row = (*cache).rows.as_mut_ptr().add((*slab).row as usize);
         if (*slab).state == FULL && (*slab).free_count > 0 {
-            list_push(row, slab);
+            list_remove(row, slab);
+            list_push(row, slab, PARTIAL);
         }
         if (*slab).state == PARTIAL && (*slab).free_count == (*slab).nslots {
             // Never give back a slab that is (being) queued for remote frees.
@@ -662,7 +705,10 @@ fn acquire_raw() -> *mut Cache {
     if !c.is_null() {
         bump(&COUNTERS.caches_adopted, 1);
         // SAFETY: we own it now.
-        unsafe { drain_remote(c) };
+        unsafe {
+            drain_remote(c);
+            crate::phase::on_adopt(c);
+        }
         return c;
     }
     let size = core::mem::size_of::<Cache>();
@@ -675,7 +721,9 @@ fn acquire_raw() -> *mut Cache {
     unsafe {
         c.write(Cache {
             rows: [EMPTY_ROW; ROWS],
-            active: 0,
+            active: AtomicUsize::new(if crate::phase::global_active() { NCLASSES } else { 0 }),
+            depth: AtomicUsize::new(0),
+            end_pending: AtomicBool::new(false),
             spare: core::ptr::null_mut(),
             remote: AtomicPtr::new(core::ptr::null_mut()),
             all_next: core::ptr::null_mut(),
@@ -743,7 +791,6 @@ unsafe fn abandon(cache: *mut Cache) {
                 collect_remote(cache, s);
                 if (*s).free_count == (*s).nslots && (*s).shared.remote.load(Ordering::Acquire) == 0 {
                     (*row).current = empty_slab();
-                    (*s).state = FULL; // transient; retire sets the final state
                     retire(cache, s);
                 }
             }
@@ -754,7 +801,6 @@ unsafe fn abandon(cache: *mut Cache) {
             bump(&COUNTERS.slabs_released, 1);
             heap::free_block(spare as *mut u8);
         }
-        (*cache).active = 0;
         POOL_LOCK.lock();
         (*cache).in_pool = true;
         (*cache).pool_next = POOL.load(Ordering::Relaxed);
@@ -814,20 +860,6 @@ pub fn collect_abandoned() {
     }
 }
 
-/// Switches the calling thread's slab set (0 = run, 1 = load). Returns the previous one.
-pub fn set_phase(phase: usize) -> usize {
-    let c = current();
-    if c.is_null() {
-        return 0;
-    }
-    // SAFETY: owned by this thread.
-    unsafe {
-        let old = (*c).active / NCLASSES;
-        (*c).active = phase.min(NPHASES - 1) * NCLASSES;
-        old
-    }
-}
-
 /// Bytes currently held in slabs by all caches is not tracked per slab; this counts slabs instead.
 pub fn slab_bytes() -> usize {
     let s = COUNTERS.slabs_acquired.load(Ordering::Relaxed);
@@ -851,4 +883,178 @@ pub(crate) fn fork_parent() {
 pub(crate) fn fork_child() {
     POOL_LOCK.reset();
     KEY_LOCK.reset();
+}
+
+/// What ending a cache's load rows did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadEnd {
+    /// Slots handed out by the load rows since they were last ended.
+    pub allocations: u64,
+    /// Bytes of load-phase slots still live (survivors), slots counted at their class size.
+    pub survivor_bytes: usize,
+    /// Resident bytes returned to the OS: whole slabs given back to the heap are counted by the heap's
+    /// purge; this counts the free pages purged inside slabs that keep survivors.
+    pub purged_bytes: usize,
+    /// Load slabs given back to the heap whole.
+    pub slabs_released: usize,
+}
+
+/// Ends the load phase of `cache`'s load rows (owner only): returns every free slot to its slab, gives
+/// empty load slabs back to the heap, purges the free pages inside the others, and moves them to the
+/// run rows, whose allocations reuse their free slots from now on.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread (or taken out of the pool by it).
+pub unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
+    let mut r = LoadEnd::default();
+    // SAFETY: owner only; rows and slabs of this cache.
+    unsafe {
+        for class in 0..NCLASSES {
+            let lrow = (*cache).rows.as_mut_ptr().add(NCLASSES + class);
+            let rrow = (*cache).rows.as_mut_ptr().add(class);
+            flush_stack(cache, lrow);
+            checkin(lrow);
+            r.allocations += (*lrow).count;
+            (*lrow).count = 0;
+            let cur = (*lrow).current;
+            (*lrow).current = empty_slab();
+            if cur != empty_slab() {
+                end_slab(cache, cur, rrow, class, &mut r);
+            }
+            for state in [PARTIAL, FULL] {
+                loop {
+                    let s = *list_head(lrow, state);
+                    if s.is_null() {
+                        break;
+                    }
+                    list_remove(lrow, s);
+                    end_slab(cache, s, rrow, class, &mut r);
+                }
+            }
+        }
+    }
+    r
+}
+
+/// One load slab at the end of its phase.
+///
+/// # Safety
+/// - `s` is a live slab of `cache` on no list; `rrow` is the run row of its class.
+unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class: usize, r: &mut LoadEnd) {
+    // SAFETY: owner only.
+    unsafe {
+        collect_remote(cache, s);
+        let used = ((*s).nslots - (*s).free_count) as usize;
+        r.survivor_bytes += used * (*s).size as usize;
+        if used == 0 && (*s).shared.remote.load(Ordering::Acquire) == 0 {
+            bump(&COUNTERS.slabs_released, 1);
+            r.slabs_released += 1;
+            heap::free_block(s as *mut u8);
+            return;
+        }
+        r.purged_bytes += purge_free_pages(s);
+        (*s).row = class as u16;
+        list_push(rrow, s, if (*s).free_count > 0 { PARTIAL } else { FULL });
+    }
+}
+
+/// Purges the pages of a slab on which every slot is free, counting only pages that were resident.
+/// Free slots hold no allocator data (the bitmap is in the header page), so a purged page simply reads
+/// as zero when its slots are handed out again.
+///
+/// # Safety
+/// - `s` is a live slab owned by the caller with no word checked out, no stacked slot and its remote
+///   list applied (every free slot's bit is set in the bitmap).
+unsafe fn purge_free_pages(s: *mut Slab) -> usize {
+    const PAGES: usize = SLAB_SIZE / crate::os::PAGE;
+    let mut resident = [0u8; PAGES];
+    let base = s as *mut u8;
+    if !crate::os::resident_pages(base, SLAB_SIZE, &mut resident) {
+        return 0;
+    }
+    // SAFETY: header fields and bitmap of a live slab owned by the caller.
+    let (first, size, nslots, bits) = unsafe { ((*s).first as usize, (*s).size as usize, (*s).nslots as usize, Slab::bits(s)) };
+    let free = |i: usize| {
+        // SAFETY: i < nslots <= 64 * nwords.
+        unsafe { *bits.add(i >> 6) & (1u64 << (i & 63)) != 0 }
+    };
+    let mut purged = 0;
+    let mut run_start = usize::MAX;
+    // Page 0 holds the header and bitmap: never purged.
+    for page in 1..=PAGES {
+        let purge_this = page < PAGES && {
+            let ps = page * crate::os::PAGE;
+            let pe = ps + crate::os::PAGE;
+            let lo = (ps - first.min(ps)) / size;
+            let hi = nslots.min((pe - first).div_ceil(size));
+            lo < hi && (lo..hi).all(free) && resident[page] & 1 != 0
+        };
+        if purge_this {
+            if run_start == usize::MAX {
+                run_start = page;
+            }
+        } else if run_start != usize::MAX {
+            let len = (page - run_start) * crate::os::PAGE;
+            // SAFETY: whole pages of this slab whose slots are all free (dead memory).
+            if unsafe { crate::os::purge(base.add(run_start * crate::os::PAGE), len) } {
+                purged += len;
+            }
+            run_start = usize::MAX;
+        }
+    }
+    if purged > 0 {
+        bump(&COUNTERS.purges, 1);
+        bump(&COUNTERS.purged_bytes, purged);
+    }
+    purged
+}
+
+/// Calls `f` on every cache in the list of all caches.
+pub fn for_each_cache(mut f: impl FnMut(*mut Cache)) {
+    let mut c = ALL.load(Ordering::Acquire);
+    while !c.is_null() {
+        f(c);
+        // SAFETY: caches are never freed; `all_next` is immutable once linked.
+        c = unsafe { (*c).all_next };
+    }
+}
+
+/// Takes every cache out of the pool, calls `f` on each (exclusively ours meanwhile), and puts them
+/// back.
+pub fn with_pooled_caches(mut f: impl FnMut(*mut Cache)) {
+    POOL_LOCK.lock();
+    let mut c = POOL.swap(core::ptr::null_mut(), Ordering::Relaxed);
+    POOL_LOCK.unlock();
+    let mut taken = core::ptr::null_mut::<Cache>();
+    while !c.is_null() {
+        // SAFETY: pool members are live caches, now exclusively ours.
+        unsafe {
+            let next = (*c).pool_next;
+            f(c);
+            (*c).pool_next = taken;
+            taken = c;
+            c = next;
+        }
+    }
+    POOL_LOCK.lock();
+    while !taken.is_null() {
+        // SAFETY: as above; relinked under the pool lock.
+        unsafe {
+            let next = (*taken).pool_next;
+            (*taken).pool_next = POOL.load(Ordering::Relaxed);
+            POOL.store(taken, Ordering::Relaxed);
+            taken = next;
+        }
+    }
+    POOL_LOCK.unlock();
+}
+
+/// The calling thread's cache, if it has one (no creation).
+pub fn mine() -> *mut Cache {
+    let c = tls_cache();
+    if c == empty_cache() {
+        core::ptr::null_mut()
+    } else {
+        c
+    }
 }

@@ -49,9 +49,14 @@ pub fn alloc_general(size: usize, align: usize, zeroed: bool) -> *mut u8 {
     let max = heap::max_block();
     if size <= max && align <= max {
         let order = heap::order_for(size, align);
-        return match heap::alloc_block(order, buddy::LARGE, 0) {
+        let load = crate::phase::current_is_load();
+        return match heap::alloc_block(order, buddy::LARGE, u8::from(load)) {
             Some((p, dirty)) => {
                 bump(&COUNTERS.large_allocs, 1);
+                if load {
+                    crate::phase::LOAD_LARGE_ALLOCS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                    bump(&crate::phase::LOAD_LARGE_LIVE, 1usize << order);
+                }
                 if zeroed && dirty {
                     // SAFETY: the block holds at least `size` bytes.
                     unsafe { core::ptr::write_bytes(p, 0, size) };
@@ -140,7 +145,10 @@ unsafe fn free_general(p: *mut u8) {
         Owner::Large => {
             bump(&COUNTERS.large_frees, 1);
             // SAFETY: a live large block head.
-            unsafe { heap::free_block(p) }
+            let (tag, size) = unsafe { heap::free_block(p) };
+            if tag != 0 {
+                crate::stats::drop_by(&crate::phase::LOAD_LARGE_LIVE, size);
+            }
         }
         Owner::Direct => {
             heap::direct_free(p);
@@ -191,6 +199,16 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
                 // SAFETY: a live large block head owned by the caller.
                 if unsafe { heap::resize_in_place(p, order) } {
                     bump(&COUNTERS.large_realloc_in_place, 1);
+                    // SAFETY: still a live large block head; its tag says which phase allocated it.
+                    if unsafe { (*heap::page_entry(p as usize)).tag } != 0 {
+                        let now = 1usize << order;
+                        let live = &crate::phase::LOAD_LARGE_LIVE;
+                        if now > usable {
+                            bump(live, now - usable);
+                        } else {
+                            crate::stats::drop_by(live, usable - now);
+                        }
+                    }
                     return p;
                 }
             }

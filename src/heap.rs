@@ -180,6 +180,7 @@ fn post_init() {
         // SAFETY: `print_stats_at_exit` is an `extern "C"` function that does not unwind.
         unsafe { libc::atexit(print_stats_at_exit) };
     }
+    crate::phase::startup(&o);
 }
 
 extern "C" fn print_stats_at_exit() {
@@ -365,7 +366,7 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
 ///
 /// # Safety
 /// - `p` was returned by [`alloc_block`] and not freed since; nothing uses the block any more.
-pub unsafe fn free_block(p: *mut u8) {
+pub unsafe fn free_block(p: *mut u8) -> (u8, usize) {
     with_heap(|h| {
         let idx = index_of(p as usize);
         // SAFETY: p is the head of an allocated block (caller's contract), so idx is below frontier.
@@ -373,6 +374,8 @@ pub unsafe fn free_block(p: *mut u8) {
             let e = h.buddy.entry(idx);
             (e.kind, e.order as u32)
         };
+        // SAFETY: idx is the block's head.
+        let tag = unsafe { h.buddy.entry(idx).tag };
         if kind == buddy::SLAB {
             for i in 1..(1u32 << (order - MIN_ORDER)) {
                 // SAFETY: pages of the same block.
@@ -380,6 +383,7 @@ pub unsafe fn free_block(p: *mut u8) {
             }
         }
         h.free(idx, order);
+        (tag, 1usize << order)
     })
 }
 
@@ -449,6 +453,25 @@ pub fn fill_stats(s: &mut Stats) {
         s.dirty_free_bytes = h.buddy.dirty_bytes;
         s.limit_bytes = h.limit;
     });
+}
+
+/// Resets the peak to the current figure and returns it (phase reports).
+pub fn reset_peak() -> usize {
+    if !ensure_init() {
+        return 0;
+    }
+    with_heap(|h| {
+        h.peak = h.os_bytes();
+        h.peak
+    })
+}
+
+/// The peak of bytes taken from the OS since the last [`reset_peak`].
+pub fn peak() -> usize {
+    if !is_ready() {
+        return 0;
+    }
+    with_heap(|h| h.peak)
 }
 
 /// Checks the buddy heap's invariants (tests, debug).

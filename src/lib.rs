@@ -18,6 +18,7 @@
 //! - `global`: routing — which part serves a request and who owns a pointer; [`EdgePool`].
 //! - [`c_api`]: the C allocation API with glibc's semantics (exported by `libedgepool.so`).
 //! - `stats`: counters and the statistics report.
+//! - `phase`: load and run phases ([`load_phase`], [`load_phase_process`], the C API's phase).
 //! - [`plan`]: the static memory planner (independent of the allocator).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -29,6 +30,7 @@ mod global;
 mod heap;
 pub mod options;
 pub mod os;
+mod phase;
 pub mod plan;
 mod size_class;
 mod slab;
@@ -84,7 +86,10 @@ pub fn max_block() -> usize {
     heap::max_block()
 }
 
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::cache::set_phase;
+pub use phase::{load_phase, load_phase_process, LoadPhase, PhaseReport};
+
+/// The C API's process-wide phase (also opened by `EDGEPOOL_LOAD_PHASE=1`): `edgepool_load_begin()` and
+/// `edgepool_load_end()`.
+pub mod c_phase {
+    pub use crate::phase::{c_begin as begin, c_end as end, print_report};
 }

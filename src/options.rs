@@ -25,9 +25,11 @@ pub const RETAIN: usize = 2;
 pub const LIMIT: usize = 3;
 pub const VERBOSE: usize = 4;
 pub const STATS: usize = 5;
+pub const LOAD_PHASE: usize = 6;
+pub const LOAD_SECONDS: usize = 7;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 6] = [
+pub const OPTIONS: [OptionDef; 8] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -63,6 +65,18 @@ pub const OPTIONS: [OptionDef; 6] = [
         kind: Kind::Bool,
         default: 0,
         description: "print edgepool's statistics to stderr at process exit",
+    },
+    OptionDef {
+        name: "LOAD_PHASE",
+        kind: Kind::Bool,
+        default: 0,
+        description: "open a process-wide load phase at start-up; it ends on SIGUSR2, after LOAD_SECONDS or at edgepool_load_end()",
+    },
+    OptionDef {
+        name: "LOAD_SECONDS",
+        kind: Kind::Size,
+        default: 0,
+        description: "with LOAD_PHASE: end the start-up load phase after this many seconds (0 = only on a signal or call)",
     },
 ];
 

@@ -99,6 +99,21 @@ pub unsafe fn purge(p: *mut u8, len: usize) -> bool {
     }
 }
 
+/// Fills `out[i]` with `mincore`'s residency byte of page `i` of `[p, p+len)` (bit 0 = resident).
+/// Returns `false` if the kernel could not tell. `p` is page aligned and `out` has one byte per page.
+pub fn resident_pages(p: *mut u8, len: usize, out: &mut [u8]) -> bool {
+    if out.len() < len.div_ceil(os_page_size()) {
+        return false;
+    }
+    // SAFETY: `out` holds a byte per page of the range; mincore only writes there.
+    unsafe {
+        let e = errno();
+        let ok = libc::mincore(p.cast(), len, out.as_mut_ptr()) == 0;
+        set_errno(e);
+        ok
+    }
+}
+
 /// Unmaps `[p, p+len)`.
 ///
 /// # Safety
@@ -250,6 +265,14 @@ pub fn futex_wake(word: &AtomicU32) {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1);
         set_errno(e);
     }
+}
+
+/// Monotonic time in nanoseconds (`clock_gettime` through the vDSO: no allocation, no lock).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Relaxes the CPU inside a spin loop.

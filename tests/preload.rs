@@ -16,7 +16,7 @@ const REQUIRED: &[&str] = &[
     "valloc", "pvalloc", "malloc_usable_size", "free_sized", "free_aligned_sized", "cfree", "malloc_trim",
     "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "malloc_info", "__libc_malloc", "__libc_free",
     "__libc_calloc", "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc", "__libc_cfree",
-    "__posix_memalign", "edgepool_version", "edgepool_trim", "edgepool_print_stats", "edgepool_set_limit",
+    "__posix_memalign", "edgepool_version", "edgepool_trim", "edgepool_print_stats", "edgepool_set_limit", "edgepool_load_begin", "edgepool_load_end",
 ];
 
 #[test]

@@ -63,4 +63,6 @@ export! {
     edgepool_trim() -> usize = ep::trim();
     edgepool_print_stats(fd: c_int) = c_api::write_stats(fd);
     edgepool_set_limit(bytes: usize) = ep::set_limit(bytes);
+    edgepool_load_begin() = c_api::load_begin();
+    edgepool_load_end(out: *mut c_api::PhaseReportC) -> c_int = c_api::load_end(out);
 }
