@@ -980,7 +980,9 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
     };
     let mut purged = 0;
     let mut run_start = usize::MAX;
-    // Page 0 holds the header and bitmap: never purged.
+    // Page 0 holds the header and bitmap: never purged. The loop runs one past the last page to flush
+    // the final run of purgeable pages.
+    #[allow(clippy::needless_range_loop)]
     for page in 1..=PAGES {
         let purge_this = page < PAGES && {
             let ps = page * crate::os::PAGE;

@@ -222,3 +222,63 @@ fn verbose_banner_once_confirms_preload() {
     let quiet = run_with(Command::new("true").arg("x"), true, &[]);
     assert!(quiet.stderr.is_empty(), "edgepool printed without being asked");
 }
+
+fn phase_exe() -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = tmp_dir("phase-c");
+        let exe = dir.join("phase");
+        compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/phase.c"), &exe, &["-ldl"]);
+        exe
+    })
+    .clone()
+}
+
+#[test]
+fn budget_refuses_cleanly_and_recovers_in_c() {
+    let out = run_with(Command::new(phase_exe()).arg("budget"), true, &[("EDGEPOOL_LIMIT", "96M")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let mib: usize = stdout.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!((80..=96).contains(&mib), "refused after {mib} MiB under a 96 MiB budget");
+    assert!(stdout.contains("took"), "{stdout}");
+}
+
+#[test]
+fn startup_phase_ends_on_sigusr2() {
+    let out = run_with(Command::new(phase_exe()).arg("trigger"), true, &[("EDGEPOOL_LOAD_PHASE", "1"), ("EDGEPOOL_VERBOSE", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}{stderr}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("edgepool: load phase ended:"), "no report printed: {stderr}");
+}
+
+#[test]
+fn c_api_phase_report() {
+    let out = run_with(Command::new(phase_exe()).arg("api"), true, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("allocations="), "{stdout}");
+}
+
+#[test]
+fn onnxruntime_session_inside_a_load_phase_through_ctypes() {
+    let Some(python) = ort_python() else { return };
+    let dir = tmp_dir("ort-phase");
+    let model = dir.join("m.onnx");
+    // Make the model (and the reference output) without edgepool.
+    let plain = Command::new(&python).arg(programs().join("ort_infer.py")).arg(&model).output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let reference = String::from_utf8_lossy(&plain.stdout).lines().nth(1).unwrap().to_owned();
+    let out = run_with(Command::new(&python).arg(programs().join("ort_phase.py")).arg(&model), true, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), reference, "inference output differs");
+    let report = stderr.lines().find(|l| l.starts_with("REPORT")).unwrap();
+    let get = |k: &str| -> u64 {
+        report.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{k}="))).unwrap().parse().unwrap()
+    };
+    assert!(get("allocations") > 100, "{report}");
+    assert!(get("survivor_bytes") > 0 && get("survivor_bytes") < get("peak_bytes"), "{report}");
+    assert!(get("os_bytes_after") <= get("peak_bytes"), "{report}");
+    assert!(get("duration_ns") > 0, "{report}");
+}

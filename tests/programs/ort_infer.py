@@ -44,7 +44,7 @@ onnx.save(model, path)
 opts = ort.SessionOptions()
 opts.intra_op_num_threads = 2
 sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-inp = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
+inp = np.random.default_rng(99).standard_normal((1, 3, 64, 64)).astype(np.float32)
 y = sess.run(None, {"X": inp})[0]
 print(ort.__version__.split(".")[0], y.shape)
 print(" ".join(repr(float(v)) for v in y.ravel()))
