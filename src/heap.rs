@@ -46,6 +46,7 @@ struct Inner {
     buddy: Buddy,
     opts: Values,
     retain: usize,
+    load_retain: usize,
     limit: usize,
     peak: usize,
 }
@@ -61,7 +62,7 @@ unsafe impl Sync for Heap {}
 
 static HEAP: Heap = Heap {
     lock: RawLock::new(),
-    inner: UnsafeCell::new(Inner { buddy: Buddy::empty(), opts: Values::defaults(), retain: 0, limit: 0, peak: 0 }),
+    inner: UnsafeCell::new(Inner { buddy: Buddy::empty(), opts: Values::defaults(), retain: 0, load_retain: 0, limit: 0, peak: 0 }),
 };
 
 /// Runs `f` with the heap locked.
@@ -150,6 +151,7 @@ fn init_slow() -> bool {
         unsafe { h.buddy.init(map, top) };
         h.opts = opts;
         h.retain = opts.get(options::RETAIN) as usize;
+        h.load_retain = opts.get(options::LOAD_RETAIN) as usize;
         h.limit = opts.get(options::LIMIT) as usize;
         MAX_BLOCK.store(top_size, Ordering::Relaxed);
         REGION.base.store(base, Ordering::Relaxed);
@@ -316,7 +318,10 @@ impl Inner {
 
     fn free(&mut self, idx: u32, order: u32) {
         let (m, mo) = self.buddy.free(idx, order, DIRTY);
-        if self.buddy.dirty_bytes > self.retain && self.purge_block(m, mo) {
+        // While a load phase is open, keep more freed memory resident: its end purges everything, and
+        // purging each freed temporary at once would fault it straight back in (see README).
+        let retain = if crate::phase::any_active() { self.retain.max(self.load_retain) } else { self.retain };
+        if self.buddy.dirty_bytes > retain && self.purge_block(m, mo) {
             self.buddy.mark_clean(m);
         }
     }

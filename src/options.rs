@@ -27,9 +27,10 @@ pub const VERBOSE: usize = 4;
 pub const STATS: usize = 5;
 pub const LOAD_PHASE: usize = 6;
 pub const LOAD_SECONDS: usize = 7;
+pub const LOAD_RETAIN: usize = 8;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 8] = [
+pub const OPTIONS: [OptionDef; 9] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -77,6 +78,12 @@ pub const OPTIONS: [OptionDef; 8] = [
         kind: Kind::Size,
         default: 0,
         description: "with LOAD_PHASE: end the start-up load phase after this many seconds (0 = only on a signal or call)",
+    },
+    OptionDef {
+        name: "LOAD_RETAIN",
+        kind: Kind::Size,
+        default: 64 << 20,
+        description: "free heap memory kept resident while a load phase is open (its end purges it all)",
     },
 ];
 

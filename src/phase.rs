@@ -58,6 +58,15 @@ pub(crate) static LOAD_LARGE_LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Large allocations made during load phases (cumulative).
 pub(crate) static LOAD_LARGE_ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+/// Thread load phases open anywhere in the process (outermost guards only).
+static THREAD_PHASES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any load phase (process-wide or of some thread) is open.
+#[inline]
+pub fn any_active() -> bool {
+    GLOBAL_DEPTH.load(Ordering::Relaxed) > 0 || THREAD_PHASES.load(Ordering::Relaxed) > 0
+}
+
 /// Whether a process-wide load phase is active.
 #[inline]
 pub fn global_active() -> bool {
@@ -143,7 +152,9 @@ pub fn load_phase() -> LoadPhase {
     if !c.is_null() {
         // SAFETY: our own live cache.
         unsafe {
-            (*c).depth.fetch_add(1, Ordering::Relaxed);
+            if (*c).depth.fetch_add(1, Ordering::Relaxed) == 0 {
+                THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
+            }
             (*c).active.store(NCLASSES, Ordering::Relaxed);
         }
     }
@@ -196,6 +207,9 @@ fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
     }
     // SAFETY: caches are never freed; depth/active/end_pending are atomics.
     let last = unsafe { (*c).depth.fetch_sub(1, Ordering::Relaxed) == 1 };
+    if last {
+        THREAD_PHASES.fetch_sub(1, Ordering::Relaxed);
+    }
     let mut small = cache::LoadEnd::default();
     let mut deferred = 0;
     if last && !global_active() {
@@ -289,7 +303,9 @@ pub(crate) unsafe fn end_pending(c: *mut Cache) {
 pub(crate) unsafe fn on_adopt(c: *mut Cache) {
     // SAFETY: exclusively ours.
     unsafe {
-        (*c).depth.store(0, Ordering::Relaxed);
+        if (*c).depth.swap(0, Ordering::Relaxed) > 0 {
+            THREAD_PHASES.fetch_sub(1, Ordering::Relaxed);
+        }
         if global_active() {
             (*c).active.store(NCLASSES, Ordering::Relaxed);
         } else {

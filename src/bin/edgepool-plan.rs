@@ -15,23 +15,27 @@ use edgepool::plan::{self, Budget, Strategy, Tensor};
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
 const USAGE: &str = "usage: edgepool-plan [--json] [--strategy greedy-by-size|greedy-by-breadth|search] \
-[--align N] [--budget-ms N] FILE.csv...
+[--align N] [--budget-ms N] [--input-shape 1,3,224,224] FILE.csv|MODEL.onnx...
   Plans tensors whose lifetimes do not overlap into one shared arena.
   --json         one JSON object per input (naive_bytes, lower_bound_bytes, planned_bytes, strategy, plan_ms, ...)
   --strategy S   the strategy reported as the default one (default: search)
   --align N      alignment of every tensor without an align column (default: 1)
-  --budget-ms N  time budget of the search strategy (default: 500)";
+  --budget-ms N  time budget of the search strategy (default: 500)
+  --input-shape  shape of an ONNX model's first input, for models with symbolic dimensions
+  MODEL.onnx     read the intermediate tensors of an ONNX model (needs the `onnx` feature)";
 
 struct Args {
     json: bool,
     strategy: Strategy,
     align: u64,
     budget: Budget,
+    input_shape: Option<Vec<usize>>,
     files: Vec<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { json: false, strategy: Strategy::Search, align: 1, budget: Budget::default(), files: vec![] };
+    let mut a =
+        Args { json: false, strategy: Strategy::Search, align: 1, budget: Budget::default(), input_shape: None, files: vec![] };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -49,6 +53,11 @@ fn parse_args() -> Result<Args, String> {
                 let v = value("--budget-ms")?;
                 let ms: u64 = v.parse().map_err(|_| format!("bad --budget-ms '{v}'"))?;
                 a.budget.max_time = Duration::from_millis(ms);
+            }
+            "--input-shape" => {
+                let v = value("--input-shape")?;
+                let dims: Result<Vec<usize>, _> = v.split(',').map(str::parse).collect();
+                a.input_shape = Some(dims.map_err(|_| format!("bad --input-shape '{v}'"))?);
             }
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with("--") => return Err(format!("unknown option '{s}'")),
@@ -78,6 +87,24 @@ fn run_all(ts: &[Tensor], budget: Budget) -> Result<Vec<Row>, plan::PlanError> {
         .collect()
 }
 
+/// Tensors from a CSV, or from an ONNX model (with the `onnx` feature).
+fn read_tensors(file: &str, args: &Args) -> Result<Vec<Tensor>, String> {
+    if file.ends_with(".onnx") {
+        #[cfg(feature = "onnx")]
+        {
+            let mut ts = plan::onnx::tensors_from_onnx(std::path::Path::new(file), args.input_shape.as_deref())?;
+            for t in &mut ts {
+                t.align = args.align;
+            }
+            return Ok(ts);
+        }
+        #[cfg(not(feature = "onnx"))]
+        return Err("reading ONNX models needs edgepool built with the `onnx` feature".into());
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
+    plan::csv::parse(&text, args.align).map_err(|e| e.to_string())
+}
+
 fn json_str(s: &str) -> String {
     let mut o = String::from("\"");
     for c in s.chars() {
@@ -105,15 +132,7 @@ fn main() -> ExitCode {
     };
     let mut failed = false;
     for file in &args.files {
-        let text = match std::fs::read_to_string(file) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("edgepool-plan: {file}: {e}");
-                failed = true;
-                continue;
-            }
-        };
-        let ts = match plan::csv::parse(&text, args.align) {
+        let ts = match read_tensors(file, &args) {
             Ok(ts) => ts,
             Err(e) => {
                 eprintln!("edgepool-plan: {file}: {e}");

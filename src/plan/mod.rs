@@ -18,6 +18,8 @@
 
 mod arena;
 pub mod csv;
+#[cfg(feature = "onnx")]
+pub mod onnx;
 
 pub use arena::{ArenaError, PlannedArena};
 
