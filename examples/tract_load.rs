@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! tract_load generate MODEL.onnx WEIGHTS_MB     write a U-Net-style model with random weights
-//! tract_load load MODEL.onnx [--phase]          load it, run one inference, print one line of figures
+//! tract_load load MODEL.onnx [--phase|--arena]  load it, run one inference, print one line of figures
 //! ```
 //! `EDGEPOOL_ALLOCATOR=system` runs on glibc's malloc instead of edgepool (chosen once, at the first
 //! allocation). `--phase` wraps loading in `edgepool::load_phase()`.
@@ -12,7 +12,7 @@
 #[path = "../tests/common/tract_loader.rs"]
 mod tract_loader;
 
-use tract_loader::{generate, load, Switch};
+use tract_loader::{generate, load_with, Switch};
 
 #[global_allocator]
 static GLOBAL: Switch = Switch;
@@ -22,13 +22,20 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("generate") if args.len() == 4 => generate(&args[2], args[3].parse().expect("WEIGHTS_MB")),
         Some("load") if args.len() >= 3 => {
-            if let Err(e) = load(&args[2], args.iter().any(|a| a == "--phase")) {
+            let mode = if args.iter().any(|a| a == "--arena") {
+                Some(edgepool::PhaseMode::Arena)
+            } else if args.iter().any(|a| a == "--phase") {
+                Some(edgepool::PhaseMode::Segregated)
+            } else {
+                None
+            };
+            if let Err(e) = load_with(&args[2], mode) {
                 eprintln!("tract_load: {e:?}");
                 std::process::exit(1);
             }
         }
         _ => {
-            eprintln!("usage: tract_load generate MODEL.onnx WEIGHTS_MB | tract_load load MODEL.onnx [--phase]");
+            eprintln!("usage: tract_load generate MODEL.onnx WEIGHTS_MB | tract_load load MODEL.onnx [--phase|--arena]");
             std::process::exit(2);
         }
     }

@@ -2,7 +2,7 @@
 """The model-loading benchmark: peak RSS while loading, RSS right after loading, load time and first
 inference time for a U-Net-style ONNX model of about 128 MB of weights (generated, not committed),
 loaded with tract (examples/tract_load.rs) and with onnxruntime, under glibc, mimalloc, jemalloc,
-tcmalloc, and edgepool with and without the load phase. Runs alternate; the model is loaded from
+tcmalloc, and edgepool without a load phase, with one (segregated slabs), and with one in arena mode. Runs alternate; the model is loaded from
 several paths of different lengths (glibc's peak moves with the path string). Prints medians.
 
     python3 scripts/load-bench.py [--mb 128] [--rounds 3] [--python target/test-venv/bin/python]
@@ -70,6 +70,7 @@ def main():
             ("tcmalloc", lambda p: ([tract, "load", p], {"EDGEPOOL_ALLOCATOR": "system", "LD_PRELOAD": libs["tcmalloc"]})),
             ("edgepool", lambda p: ([tract, "load", p], {})),
             ("edgepool+phase", lambda p: ([tract, "load", p, "--phase"], {})),
+            ("edgepool+arena", lambda p: ([tract, "load", p, "--arena"], {})),
         ],
         "onnxruntime": [
             ("system", lambda p: ([a.python, ort_script, p], {})),
@@ -78,6 +79,7 @@ def main():
             ("tcmalloc", lambda p: ([a.python, ort_script, p], {"LD_PRELOAD": libs["tcmalloc"]})),
             ("edgepool", lambda p: ([a.python, ort_script, p], {"LD_PRELOAD": edge})),
             ("edgepool+phase", lambda p: ([a.python, ort_script, p, "--phase"], {"LD_PRELOAD": edge})),
+            ("edgepool+arena", lambda p: ([a.python, ort_script, p, "--phase"], {"LD_PRELOAD": edge, "EDGEPOOL_LOAD_ARENA": "1"})),
         ],
     }
     size = os.path.getsize(base)

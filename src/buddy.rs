@@ -17,12 +17,14 @@ pub const NORDERS: usize = (MAX_ORDER_LIMIT - MIN_ORDER + 1) as usize;
 pub const NIL: u32 = u32::MAX;
 
 /// Page kinds. A page that is not the head of a block (interior) is `NONE`, except that every page of
-/// a slab is `SLAB` so that any interior pointer finds its slab.
+/// a slab is `SLAB` (of an arena chunk, `ARENA`) so that any interior pointer finds its block.
 pub const NONE: u8 = 0;
 pub const FREE: u8 = 1;
 pub const LARGE: u8 = 2;
 pub const SLAB: u8 = 3;
 pub const META: u8 = 4;
+/// Every page of a load-arena chunk (so that any interior pointer finds its chunk).
+pub const ARENA: u8 = 5;
 
 /// `flags` bit: the free block may hold resident (non-zero) pages.
 pub const DIRTY: u8 = 1;
@@ -323,7 +325,7 @@ impl Buddy {
         while idx < self.frontier {
             // SAFETY: idx < frontier.
             let e = unsafe { self.entry(idx) };
-            if !matches!(e.kind, FREE | LARGE | SLAB | META) {
+            if !matches!(e.kind, FREE | LARGE | SLAB | META | ARENA) {
                 return Err("page inside the frontier is not covered by a block head");
             }
             let o = e.order as u32;

@@ -36,8 +36,11 @@ use crate::size_class::{NCLASSES, SLAB_SHIFT, SLAB_SIZE};
 use crate::stats::{bump, COUNTERS};
 use crate::sync::RawLock;
 
-/// Number of segregated slab sets: 0 = run phase, 1 = load phase.
-pub const NPHASES: usize = 2;
+/// Row sets: 0 = run phase, 1 = load phase (segregated slabs), 2 = load phase in arena mode (rows
+/// that stay empty, so that every allocation reaches the slow path, which bumps it out of the arena).
+pub const NPHASES: usize = 3;
+/// `active` value of the arena mode.
+pub const ARENA_ROWS: usize = 2 * NCLASSES;
 pub const ROWS: usize = NPHASES * NCLASSES;
 /// `widx` when no word is checked out.
 const NO_WORD: u32 = u32::MAX;
@@ -106,6 +109,8 @@ pub struct Cache {
     /// Set when a process-wide load phase ended while this cache's thread was elsewhere: the owner ends
     /// its load rows at its next slow path.
     pub end_pending: AtomicBool,
+    /// The thread's current load-arena chunk (owner only), or null.
+    pub chunk: *mut crate::arena::Chunk,
     pub spare: *mut Slab,
     pub remote: AtomicPtr<Slab>,
     /// Next cache in the list of all caches (immutable once linked).
@@ -152,6 +157,7 @@ static EMPTY_CACHE: SyncCell<Cache> = SyncCell(UnsafeCell::new(Cache {
     active: AtomicUsize::new(0),
     depth: AtomicUsize::new(0),
     end_pending: AtomicBool::new(false),
+    chunk: core::ptr::null_mut(),
     spare: core::ptr::null_mut(),
     remote: AtomicPtr::new(core::ptr::null_mut()),
     all_next: core::ptr::null_mut(),
@@ -306,6 +312,9 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
             crate::phase::end_pending(cache);
         }
         crate::phase::poll_trigger();
+        if (*cache).active.load(Ordering::Relaxed) == ARENA_ROWS {
+            return arena_alloc(cache, class);
+        }
         let ri = (*cache).active.load(Ordering::Relaxed) + class;
         let row = (*cache).rows.as_mut_ptr().add(ri);
         loop {
@@ -343,6 +352,45 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
                 return core::ptr::null_mut();
             }
             (*row).current = fresh;
+        }
+    }
+}
+
+/// Bumps a `class` object out of the thread's load-arena chunk, taking a new chunk when it is full.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread.
+unsafe fn arena_alloc(cache: *mut Cache, class: usize) -> *mut u8 {
+    // SAFETY: owner only; `chunk` is this thread's current chunk.
+    unsafe {
+        for _ in 0..2 {
+            if !(*cache).chunk.is_null() {
+                let p = crate::arena::alloc((*cache).chunk, class);
+                if !p.is_null() {
+                    return p;
+                }
+                crate::arena::retire((*cache).chunk);
+            }
+            (*cache).chunk = crate::arena::new_chunk();
+            if (*cache).chunk.is_null() {
+                return core::ptr::null_mut();
+            }
+        }
+        core::ptr::null_mut()
+    }
+}
+
+/// Retires the thread's current load-arena chunk, if any (end of an arena phase, thread exit).
+///
+/// # Safety
+/// - `cache` is owned by the calling thread.
+pub unsafe fn end_arena(cache: *mut Cache) {
+    // SAFETY: owner only.
+    unsafe {
+        let c = (*cache).chunk;
+        if !c.is_null() {
+            (*cache).chunk = core::ptr::null_mut();
+            crate::arena::retire(c);
         }
     }
 }
@@ -721,9 +769,10 @@ fn acquire_raw() -> *mut Cache {
     unsafe {
         c.write(Cache {
             rows: [EMPTY_ROW; ROWS],
-            active: AtomicUsize::new(if crate::phase::global_active() { NCLASSES } else { 0 }),
+            active: AtomicUsize::new(crate::phase::global_rows()),
             depth: AtomicUsize::new(0),
             end_pending: AtomicBool::new(false),
+            chunk: core::ptr::null_mut(),
             spare: core::ptr::null_mut(),
             remote: AtomicPtr::new(core::ptr::null_mut()),
             all_next: core::ptr::null_mut(),
@@ -779,6 +828,7 @@ pub fn current() -> *mut Cache {
 unsafe fn abandon(cache: *mut Cache) {
     // SAFETY: owner only until it is in the pool.
     unsafe {
+        end_arena(cache);
         drain_remote(cache);
         for r in 0..ROWS {
             flush_stack(cache, (*cache).rows.as_mut_ptr().add(r));

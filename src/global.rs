@@ -88,6 +88,7 @@ pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {
     Slab(*mut Slab),
+    Arena(*mut crate::arena::Chunk),
     Large,
     Direct,
     /// Not a live block of ours.
@@ -103,6 +104,9 @@ pub fn owner(p: *mut u8) -> Owner {
         let kind = unsafe { (*heap::page_entry(a)).kind };
         if kind == buddy::SLAB {
             return Owner::Slab((a & !(SLAB_SIZE - 1)) as *mut Slab);
+        }
+        if kind == buddy::ARENA {
+            return Owner::Arena((a & !(crate::arena::CHUNK_SIZE - 1)) as *mut crate::arena::Chunk);
         }
         if kind == buddy::LARGE && a & (PAGE - 1) == 0 {
             return Owner::Large;
@@ -142,6 +146,8 @@ unsafe fn free_general(p: *mut u8) {
     match owner(p) {
         // SAFETY: caller's contract: a live block.
         Owner::Slab(s) => unsafe { cache::free_small(p, s) },
+        // SAFETY: caller's contract: a live arena object.
+        Owner::Arena(c) => unsafe { crate::arena::free(c, p) },
         Owner::Large => {
             bump(&COUNTERS.large_frees, 1);
             // SAFETY: a live large block head.
@@ -168,6 +174,8 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
     match owner(p) {
         // SAFETY: a live slab's header is immutable after init.
         Owner::Slab(s) => unsafe { (*s).size as usize },
+        // SAFETY: a live arena object.
+        Owner::Arena(c) => unsafe { crate::arena::usable_size(c, p) },
         // SAFETY: a live large block head.
         Owner::Large => unsafe { heap::block_size(p) },
         Owner::Direct => heap::direct_size(p).unwrap_or(0),
@@ -187,6 +195,14 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             // SAFETY: live slab header.
             let usable = unsafe { (*s).size as usize };
             if new_size <= usable && (usable <= 64 || new_size > usable / 2) {
+                return p;
+            }
+            usable
+        }
+        Owner::Arena(c) => {
+            // SAFETY: a live arena object.
+            let usable = unsafe { crate::arena::usable_size(c, p) };
+            if new_size <= usable {
                 return p;
             }
             usable

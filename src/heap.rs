@@ -355,10 +355,10 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
             h.buddy.entry_mut(idx).tag = tag;
-            if kind == buddy::SLAB {
+            if kind == buddy::SLAB || kind == buddy::ARENA {
                 for i in 0..n {
                     let e = h.buddy.entry_mut(idx + i);
-                    e.kind = buddy::SLAB;
+                    e.kind = kind;
                     e.tag = tag;
                 }
             }
@@ -381,7 +381,7 @@ pub unsafe fn free_block(p: *mut u8) -> (u8, usize) {
         };
         // SAFETY: idx is the block's head.
         let tag = unsafe { h.buddy.entry(idx).tag };
-        if kind == buddy::SLAB {
+        if kind == buddy::SLAB || kind == buddy::ARENA {
             for i in 1..(1u32 << (order - MIN_ORDER)) {
                 // SAFETY: pages of the same block.
                 unsafe { h.buddy.entry_mut(idx + i).kind = buddy::NONE };

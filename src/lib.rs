@@ -18,11 +18,13 @@
 //! - `global`: routing — which part serves a request and who owns a pointer; [`EdgePool`].
 //! - [`c_api`]: the C allocation API with glibc's semantics (exported by `libedgepool.so`).
 //! - `stats`: counters and the statistics report.
+//! - `arena`: the load arena (bump allocation in chunks), the arena mode of load phases.
 //! - `phase`: load and run phases ([`load_phase`], [`load_phase_process`], the C API's phase).
 //! - [`plan`]: the static memory planner (independent of the allocator).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod arena;
 mod buddy;
 mod cache;
 pub mod c_api;
@@ -86,7 +88,7 @@ pub fn max_block() -> usize {
     heap::max_block()
 }
 
-pub use phase::{load_phase, load_phase_process, LoadPhase, PhaseReport};
+pub use phase::{load_phase, load_phase_process, load_phase_process_with, load_phase_with, LoadPhase, PhaseMode, PhaseReport};
 
 /// The C API's process-wide phase (also opened by `EDGEPOOL_LOAD_PHASE=1`): `edgepool_load_begin()` and
 /// `edgepool_load_end()`.

@@ -28,9 +28,10 @@ pub const STATS: usize = 5;
 pub const LOAD_PHASE: usize = 6;
 pub const LOAD_SECONDS: usize = 7;
 pub const LOAD_RETAIN: usize = 8;
+pub const LOAD_ARENA: usize = 9;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 9] = [
+pub const OPTIONS: [OptionDef; 10] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -82,8 +83,14 @@ pub const OPTIONS: [OptionDef; 9] = [
     OptionDef {
         name: "LOAD_RETAIN",
         kind: Kind::Size,
-        default: 64 << 20,
+        default: 8 << 20,
         description: "free heap memory kept resident while a load phase is open (its end purges it all)",
+    },
+    OptionDef {
+        name: "LOAD_ARENA",
+        kind: Kind::Bool,
+        default: 0,
+        description: "load phases of the C API and EDGEPOOL_LOAD_PHASE bump-allocate from an arena instead of segregated slabs",
     },
 ];
 

@@ -49,8 +49,40 @@ pub struct PhaseReport {
     pub deferred_caches: usize,
 }
 
+/// How a load phase keeps load-time allocations apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PhaseMode {
+    /// Small allocations come from slabs of their own; at the end, free slots of slabs that keep
+    /// survivors are reused by the run phase, and their free pages are purged.
+    #[default]
+    Segregated,
+    /// Small allocations are bumped out of 1 MiB chunks; a chunk goes back to the OS once everything in
+    /// it is dead. Faster to allocate; survivors pin whole chunks.
+    Arena,
+}
+
+impl PhaseMode {
+    fn rows(self) -> usize {
+        match self {
+            PhaseMode::Segregated => NCLASSES,
+            PhaseMode::Arena => cache::ARENA_ROWS,
+        }
+    }
+}
+
 /// Depth of process-wide phases.
 static GLOBAL_DEPTH: AtomicUsize = AtomicUsize::new(0);
+/// Row set of the open process-wide phase.
+static GLOBAL_ROWS: AtomicUsize = AtomicUsize::new(NCLASSES);
+
+/// The row set a new cache starts with: the process-wide phase's, or the run rows.
+pub fn global_rows() -> usize {
+    if global_active() {
+        GLOBAL_ROWS.load(Ordering::Relaxed)
+    } else {
+        0
+    }
+}
 /// Serialises process-wide begin/end (never taken on an allocation path).
 static CONTROL: RawLock = RawLock::new();
 /// Live bytes of large blocks allocated during load phases.
@@ -91,6 +123,7 @@ struct Start {
     os_bytes: usize,
     large_allocs: u64,
     purged: usize,
+    arena_allocs: u64,
 }
 
 fn snapshot() -> Start {
@@ -100,6 +133,7 @@ fn snapshot() -> Start {
         os_bytes,
         large_allocs: LOAD_LARGE_ALLOCS.load(Ordering::Relaxed),
         purged: COUNTERS.purged_bytes.load(Ordering::Relaxed),
+        arena_allocs: crate::arena::ALLOCS.load(Ordering::Relaxed),
     }
 }
 
@@ -109,9 +143,13 @@ fn finish_report(start: Start, small: cache::LoadEnd, deferred: usize) -> PhaseR
     let mut s = crate::Stats::default();
     heap::fill_stats(&mut s);
     PhaseReport {
-        allocations: small.allocations + LOAD_LARGE_ALLOCS.load(Ordering::Relaxed) - start.large_allocs,
+        allocations: small.allocations + LOAD_LARGE_ALLOCS.load(Ordering::Relaxed) - start.large_allocs
+            + crate::arena::ALLOCS.load(Ordering::Relaxed)
+            - start.arena_allocs,
         peak_bytes: peak,
-        survivor_bytes: small.survivor_bytes + LOAD_LARGE_LIVE.load(Ordering::Relaxed),
+        survivor_bytes: small.survivor_bytes
+            + LOAD_LARGE_LIVE.load(Ordering::Relaxed)
+            + crate::arena::LIVE_BYTES.load(Ordering::Relaxed),
         released_bytes: COUNTERS.purged_bytes.load(Ordering::Relaxed) - start.purged,
         os_bytes_before: start.os_bytes,
         os_bytes_after: s.os_bytes,
@@ -145,8 +183,15 @@ pub struct LoadPhase {
 // it names (the cache's owner settles its rows itself).
 unsafe impl Send for LoadPhase {}
 
-/// Starts a load phase for the calling thread. Guards nest: the phase ends with the outermost.
+/// Starts a load phase for the calling thread (segregated slabs). Guards nest: the phase ends with the
+/// outermost.
 pub fn load_phase() -> LoadPhase {
+    load_phase_with(PhaseMode::default())
+}
+
+/// Starts a load phase for the calling thread in the given mode. A nested guard keeps the mode of the
+/// outermost one.
+pub fn load_phase_with(mode: PhaseMode) -> LoadPhase {
     let c = cache::current();
     let start = snapshot();
     if !c.is_null() {
@@ -154,8 +199,8 @@ pub fn load_phase() -> LoadPhase {
         unsafe {
             if (*c).depth.fetch_add(1, Ordering::Relaxed) == 0 {
                 THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
+                (*c).active.store(mode.rows(), Ordering::Relaxed);
             }
-            (*c).active.store(NCLASSES, Ordering::Relaxed);
         }
     }
     LoadPhase { kind: Kind::Thread(c), start, done: false }
@@ -163,7 +208,12 @@ pub fn load_phase() -> LoadPhase {
 
 /// Starts a load phase for every thread of the process (threads that start during it join it).
 pub fn load_phase_process() -> LoadPhase {
-    LoadPhase { kind: Kind::Process, start: process_begin(), done: false }
+    load_phase_process_with(PhaseMode::default())
+}
+
+/// Starts a process-wide load phase in the given mode (a nested one keeps the outermost's mode).
+pub fn load_phase_process_with(mode: PhaseMode) -> LoadPhase {
+    LoadPhase { kind: Kind::Process, start: process_begin(mode), done: false }
 }
 
 impl LoadPhase {
@@ -217,7 +267,7 @@ fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
         unsafe { (*c).active.store(0, Ordering::Relaxed) };
         if c == cache::mine() {
             // SAFETY: the calling thread owns `c`.
-            small = unsafe { cache::end_load_rows(c) };
+            small = unsafe { end_cache(c) };
         } else {
             // Dropped on another thread: the owner settles its rows at its next slow path.
             // SAFETY: atomic flag.
@@ -228,12 +278,25 @@ fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
     finish_report(start, small, deferred)
 }
 
-fn process_begin() -> Start {
+/// Settles a cache's load rows and retires its arena chunk.
+///
+/// # Safety
+/// - `c` is owned by the calling thread (or taken out of the pool by it).
+unsafe fn end_cache(c: *mut Cache) -> cache::LoadEnd {
+    // SAFETY: forwarded.
+    unsafe {
+        cache::end_arena(c);
+        cache::end_load_rows(c)
+    }
+}
+
+fn process_begin(mode: PhaseMode) -> Start {
     CONTROL.lock();
     if GLOBAL_DEPTH.fetch_add(1, Ordering::Relaxed) == 0 {
+        GLOBAL_ROWS.store(mode.rows(), Ordering::Relaxed);
         cache::for_each_cache(|c| {
             // SAFETY: caches are never freed; `active` is atomic.
-            unsafe { (*c).active.store(NCLASSES, Ordering::Relaxed) };
+            unsafe { (*c).active.store(mode.rows(), Ordering::Relaxed) };
         });
     }
     CONTROL.unlock();
@@ -262,11 +325,11 @@ fn process_end(start: Start) -> PhaseReport {
         // SAFETY: `me` is ours; pooled caches are exclusively ours inside with_pooled_caches.
         unsafe {
             if !me.is_null() && (*me).depth.load(Ordering::Relaxed) == 0 {
-                add(&mut small, cache::end_load_rows(me));
+                add(&mut small, end_cache(me));
             }
             cache::with_pooled_caches(|c| {
                 if (*c).end_pending.swap(false, Ordering::Acquire) {
-                    add(&mut small, cache::end_load_rows(c));
+                    add(&mut small, end_cache(c));
                 }
             });
         }
@@ -291,7 +354,7 @@ pub(crate) unsafe fn end_pending(c: *mut Cache) {
     // SAFETY: owner only.
     unsafe {
         if (*c).end_pending.swap(false, Ordering::Acquire) && (*c).depth.load(Ordering::Relaxed) == 0 && !global_active() {
-            cache::end_load_rows(c);
+            end_cache(c);
         }
     }
 }
@@ -307,11 +370,11 @@ pub(crate) unsafe fn on_adopt(c: *mut Cache) {
             THREAD_PHASES.fetch_sub(1, Ordering::Relaxed);
         }
         if global_active() {
-            (*c).active.store(NCLASSES, Ordering::Relaxed);
+            (*c).active.store(global_rows(), Ordering::Relaxed);
         } else {
             (*c).active.store(0, Ordering::Relaxed);
             (*c).end_pending.store(false, Ordering::Relaxed);
-            cache::end_load_rows(c);
+            end_cache(c);
         }
     }
 }
@@ -321,17 +384,28 @@ pub(crate) unsafe fn on_adopt(c: *mut Cache) {
 
 static C_LOCK: RawLock = RawLock::new();
 static C_OPEN: AtomicUsize = AtomicUsize::new(0);
-static C_START: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static C_START: [AtomicU64; 5] =
+    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+/// The mode of C-API and start-up phases: `EDGEPOOL_LOAD_ARENA=1` picks the arena.
+fn c_mode() -> PhaseMode {
+    if heap::options().get(options::LOAD_ARENA) != 0 {
+        PhaseMode::Arena
+    } else {
+        PhaseMode::Segregated
+    }
+}
 
 /// `edgepool_load_begin()`: opens (or nests) the process-wide load phase.
 pub fn c_begin() {
     C_LOCK.lock();
-    let s = process_begin();
+    let s = process_begin(c_mode());
     if C_OPEN.fetch_add(1, Ordering::Relaxed) == 0 {
         C_START[0].store(s.t_ns, Ordering::Relaxed);
         C_START[1].store(s.os_bytes as u64, Ordering::Relaxed);
         C_START[2].store(s.large_allocs, Ordering::Relaxed);
         C_START[3].store(s.purged as u64, Ordering::Relaxed);
+        C_START[4].store(s.arena_allocs, Ordering::Relaxed);
     }
     C_LOCK.unlock();
 }
@@ -348,6 +422,7 @@ pub fn c_end() -> Option<PhaseReport> {
         os_bytes: C_START[1].load(Ordering::Relaxed) as usize,
         large_allocs: C_START[2].load(Ordering::Relaxed),
         purged: C_START[3].load(Ordering::Relaxed) as usize,
+        arena_allocs: C_START[4].load(Ordering::Relaxed),
     };
     C_OPEN.fetch_sub(1, Ordering::Relaxed);
     let r = process_end(start);

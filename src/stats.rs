@@ -60,6 +60,8 @@ counters! {
     caches_adopted,
     /// thread caches abandoned at thread exit
     caches_abandoned,
+    /// load-arena chunks given back to the heap
+    arena_chunks_released,
     /// requests refused because of the memory budget (EDGEPOOL_LIMIT)
     budget_refusals,
     /// requests refused because the OS or the reservation had no memory left

@@ -189,3 +189,40 @@ fn process_wide_phase_covers_worker_threads() {
         edgepool::raw::free(p);
     }
 }
+
+#[test]
+fn arena_mode_bumps_and_gives_dead_chunks_back() {
+    let released0 = edgepool::stats().counters.arena_chunks_released;
+    let g = edgepool::load_phase_with(edgepool::PhaseMode::Arena);
+    // Survivors first (the graph), then temporaries: the temporaries' chunks die whole. (Survivors
+    // interleaved with temporaries would pin every chunk: the arena's weakness, see the README.)
+    let mut keep = Vec::new();
+    for i in 0..200usize {
+        keep.push(vec![((i * 1000) % 251) as u8; 24 + i % 200]);
+    }
+    let mut junk = Vec::with_capacity(200_000);
+    for i in 0..200_000usize {
+        junk.push(vec![(i % 251) as u8; 24 + i % 200]);
+    }
+    // Bump allocation: consecutive small objects are adjacent in memory.
+    let a = std::hint::black_box(Box::new([1u8; 16]));
+    let b = std::hint::black_box(Box::new([2u8; 16]));
+    assert_eq!(&*b as *const _ as usize, &*a as *const _ as usize + 16, "not bump-allocated");
+    drop(junk);
+    let r = g.finish();
+    let kept: usize = keep.iter().map(|k| k.len()).sum();
+    assert!(r.survivor_bytes >= kept, "{r:?}");
+    assert!(r.allocations >= 200_000, "{r:?}");
+    let released = edgepool::stats().counters.arena_chunks_released - released0;
+    assert!(released > 5, "chunks whose objects all died were not given back ({released})");
+    for (k, v) in keep.iter().enumerate() {
+        assert!(v.iter().all(|&x| x == ((k * 1000) % 251) as u8), "survivor {k} damaged");
+    }
+    // Survivors grow (moving out of the arena) and are freed from another thread.
+    keep[0].extend_from_slice(&[9u8; 5000]);
+    assert_eq!(keep[0][0], 0);
+    assert_eq!(keep[0][5023], 9);
+    std::thread::spawn(move || drop(keep)).join().unwrap();
+    drop((a, b));
+    edgepool::check_heap().unwrap();
+}

@@ -192,8 +192,14 @@ fn status_kb(key: &str) -> usize {
 
 /// Loads the model, runs one inference, and prints one line of `key=value` figures.
 pub fn load(path: &str, phase: bool) -> TractResult<()> {
+    load_with(path, phase.then_some(edgepool::PhaseMode::Segregated))
+}
+
+/// As [`load`], with the load phase in `mode` (or none).
+pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<()> {
+    let phase = mode.is_some();
     let t0 = Instant::now();
-    let guard = phase.then(edgepool::load_phase);
+    let guard = mode.map(edgepool::load_phase_with);
     let model = tract_onnx::onnx()
         .model_for_path(path)?
         .with_input_fact(0, f32::fact([1, 3, 32, 32]).into())?
@@ -211,7 +217,12 @@ pub fn load(path: &str, phase: bool) -> TractResult<()> {
     let view = out[0].to_plain_array_view::<f32>()?;
     let sum: f64 = view.iter().map(|&v| v as f64).sum();
     let first: Vec<String> = view.iter().take(4).map(|v| format!("{v:e}")).collect();
-    let alloc = if use_system() { "system" } else if phase { "edgepool+phase" } else { "edgepool" };
+    let alloc = match (use_system(), mode) {
+        (true, _) => "system",
+        (false, Some(edgepool::PhaseMode::Arena)) => "edgepool+arena",
+        (false, Some(_)) => "edgepool+phase",
+        (false, None) => "edgepool",
+    };
     print!(
         "allocator={alloc} load_ms={load_ms:.1} infer_ms={infer_ms:.1} peak_rss={} rss_after_load={} out_sum={sum:e} out_first={}",
         peak_kb * 1024,

@@ -1,0 +1,146 @@
+//! The load arena: the bump-pointer form of the load phase (`PhaseMode::Arena`).
+//!
+//! While an arena phase is open, a thread's small allocations are bumped out of 1 MiB chunks taken
+//! from the buddy heap, one current chunk per thread. A chunk goes back to the heap as soon as it is
+//! retired (no longer current) and holds no live object. Survivors pin their whole chunk: unlike the
+//! segregated slabs, free space inside a chunk is never reused or purged.
+//!
+//! ```text
+//! 0            64                  64 KiB                                          1 MiB
+//! | header     | class table (1 byte per 16-byte granule of the chunk) | objects (bumped) |
+//! ```
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::buddy;
+use crate::heap;
+use crate::size_class::{natural_align, CLASS_SIZES};
+use crate::slab::invalid_pointer;
+use crate::stats::{bump, COUNTERS};
+
+pub const CHUNK_SHIFT: u32 = 20;
+pub const CHUNK_SIZE: usize = 1 << CHUNK_SHIFT;
+const GRANULE: usize = 16;
+const TABLE: usize = 64;
+const FIRST: usize = TABLE + CHUNK_SIZE / GRANULE;
+/// `live` bit: the chunk is retired (no longer a thread's current chunk).
+const RETIRED: usize = 1 << (usize::BITS - 1);
+
+/// Live bytes of arena objects (for phase reports).
+pub static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Arena allocations made, ever (for phase reports).
+pub static ALLOCS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// A chunk's header.
+///
+/// Invariants: `live & !RETIRED` counts the objects handed out and not freed; `RETIRED` is set once,
+/// by the owner, when the chunk stops being current; whoever moves `live` to exactly `RETIRED` (the
+/// owner retiring an empty chunk, or the last free of a retired one) gives the chunk back, so exactly
+/// one party does. `bump` (owner only) is the next free byte; table byte `g` (for the granule at
+/// `16 * g`) is `class + 1` for a live object starting there and 0 elsewhere.
+#[repr(C)]
+pub struct Chunk {
+    live: AtomicUsize,
+    bump: usize,
+}
+
+impl Chunk {
+    fn table(this: *mut Chunk) -> *mut u8 {
+        // SAFETY: the table follows the 64-byte header inside the chunk.
+        unsafe { (this as *mut u8).add(TABLE) }
+    }
+}
+
+/// A new chunk, or null when memory runs out.
+pub fn new_chunk() -> *mut Chunk {
+    let Some((p, _)) = heap::alloc_block(CHUNK_SHIFT, buddy::ARENA, 1) else { return core::ptr::null_mut() };
+    let c = p as *mut Chunk;
+    // SAFETY: a fresh 1 MiB block owned by us. The class table may hold old bytes: clear it.
+    unsafe {
+        c.write(Chunk { live: AtomicUsize::new(0), bump: p as usize + FIRST });
+        core::ptr::write_bytes(Chunk::table(c), 0, CHUNK_SIZE / GRANULE);
+    }
+    c
+}
+
+/// Bumps an object of `class` out of `chunk`; null if it does not fit.
+///
+/// # Safety
+/// - `chunk` is the calling thread's current chunk (not retired).
+pub unsafe fn alloc(chunk: *mut Chunk, class: usize) -> *mut u8 {
+    let size = CLASS_SIZES[class];
+    let align = natural_align(size);
+    // SAFETY: owner-only fields of a live chunk; the object and its table byte lie inside the chunk.
+    unsafe {
+        let start = ((*chunk).bump + align - 1) & !(align - 1);
+        if start + size > chunk as usize + CHUNK_SIZE {
+            return core::ptr::null_mut();
+        }
+        (*chunk).bump = start + size;
+        (*chunk).live.fetch_add(1, Ordering::Relaxed);
+        *Chunk::table(chunk).add((start - chunk as usize) / GRANULE) = class as u8 + 1;
+        LIVE_BYTES.fetch_add(size, Ordering::Relaxed);
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        start as *mut u8
+    }
+}
+
+/// The class of the live object at `p` in `chunk`, aborting on a pointer that is not one.
+///
+/// # Safety
+/// - `chunk` is a live chunk and `p` lies inside it.
+unsafe fn class_of(chunk: *mut Chunk, p: *mut u8) -> usize {
+    let off = p as usize - chunk as usize;
+    // SAFETY: off < CHUNK_SIZE, so the table index is inside the table.
+    let c = unsafe { *Chunk::table(chunk).add(off / GRANULE) };
+    if off < FIRST || off % GRANULE != 0 || c == 0 {
+        invalid_pointer(p, b"free(): invalid pointer or double free (load arena)");
+    }
+    c as usize - 1
+}
+
+/// Usable size of the arena object at `p`.
+///
+/// # Safety
+/// - `p` is a live arena object of `chunk`.
+pub unsafe fn usable_size(chunk: *mut Chunk, p: *mut u8) -> usize {
+    // SAFETY: forwarded.
+    CLASS_SIZES[unsafe { class_of(chunk, p) }]
+}
+
+/// Frees the arena object at `p` (any thread).
+///
+/// # Safety
+/// - `p` is a live arena object of `chunk`.
+pub unsafe fn free(chunk: *mut Chunk, p: *mut u8) {
+    // SAFETY: forwarded; the table byte is the object's own, cleared once.
+    unsafe {
+        let class = class_of(chunk, p);
+        *Chunk::table(chunk).add((p as usize - chunk as usize) / GRANULE) = 0;
+        LIVE_BYTES.fetch_sub(CLASS_SIZES[class], Ordering::Relaxed);
+        if (*chunk).live.fetch_sub(1, Ordering::AcqRel) == RETIRED | 1 {
+            give_back(chunk);
+        }
+    }
+}
+
+/// Retires the owner's current chunk: from now on its last free gives it back.
+///
+/// # Safety
+/// - `chunk` is the calling thread's current chunk; the caller forgets it.
+pub unsafe fn retire(chunk: *mut Chunk) {
+    // SAFETY: a live chunk.
+    unsafe {
+        if (*chunk).live.fetch_or(RETIRED, Ordering::AcqRel) == 0 {
+            give_back(chunk);
+        }
+    }
+}
+
+/// # Safety
+/// - nobody references the chunk any more.
+unsafe fn give_back(chunk: *mut Chunk) {
+    bump(&COUNTERS.arena_chunks_released, 1);
+    // SAFETY: the chunk is dead.
+    unsafe { heap::free_block(chunk as *mut u8) };
+}
