@@ -197,7 +197,6 @@ pub fn load(path: &str, phase: bool) -> TractResult<()> {
 
 /// As [`load`], with the load phase in `mode` (or none).
 pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<()> {
-    let phase = mode.is_some();
     let t0 = Instant::now();
     let guard = mode.map(edgepool::load_phase_with);
     let model = tract_onnx::onnx()
