@@ -151,19 +151,26 @@ const fn empty_slab() -> *mut Slab {
     EMPTY_SLAB.0.get()
 }
 
+impl Cache {
+    /// A cache with every row empty, allocating from row set `active`.
+    const fn new(active: usize) -> Cache {
+        Cache {
+            rows: [EMPTY_ROW; ROWS],
+            active: AtomicUsize::new(active),
+            depth: AtomicUsize::new(0),
+            end_pending: AtomicBool::new(false),
+            chunk: core::ptr::null_mut(),
+            spare: core::ptr::null_mut(),
+            remote: AtomicPtr::new(core::ptr::null_mut()),
+            all_next: core::ptr::null_mut(),
+            pool_next: core::ptr::null_mut(),
+            in_pool: false,
+        }
+    }
+}
+
 /// The empty cache every thread starts with: all rows are empty.
-static EMPTY_CACHE: SyncCell<Cache> = SyncCell(UnsafeCell::new(Cache {
-    rows: [EMPTY_ROW; ROWS],
-    active: AtomicUsize::new(0),
-    depth: AtomicUsize::new(0),
-    end_pending: AtomicBool::new(false),
-    chunk: core::ptr::null_mut(),
-    spare: core::ptr::null_mut(),
-    remote: AtomicPtr::new(core::ptr::null_mut()),
-    all_next: core::ptr::null_mut(),
-    pool_next: core::ptr::null_mut(),
-    in_pool: false,
-}));
+static EMPTY_CACHE: SyncCell<Cache> = SyncCell(UnsafeCell::new(Cache::new(0)));
 
 const fn empty_cache() -> *mut Cache {
     EMPTY_CACHE.0.get()
@@ -767,18 +774,7 @@ fn acquire_raw() -> *mut Cache {
     let c = block as *mut Cache;
     // SAFETY: a fresh block of at least size_of::<Cache>() bytes, page aligned.
     unsafe {
-        c.write(Cache {
-            rows: [EMPTY_ROW; ROWS],
-            active: AtomicUsize::new(crate::phase::global_rows()),
-            depth: AtomicUsize::new(0),
-            end_pending: AtomicBool::new(false),
-            chunk: core::ptr::null_mut(),
-            spare: core::ptr::null_mut(),
-            remote: AtomicPtr::new(core::ptr::null_mut()),
-            all_next: core::ptr::null_mut(),
-            pool_next: core::ptr::null_mut(),
-            in_pool: false,
-        });
+        c.write(Cache::new(crate::phase::global_rows()));
         let mut head = ALL.load(Ordering::Relaxed);
         loop {
             (*c).all_next = head;

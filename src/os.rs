@@ -22,20 +22,13 @@ pub fn os_page_size() -> usize {
     }
 }
 
-/// Reserves `len` bytes of address space with no access and no commit charge.
-/// Returns null on failure. `len` must be a multiple of [`PAGE`].
-pub fn reserve(len: usize) -> *mut u8 {
+/// A new private anonymous mapping of `len` bytes with protection `prot`, without commit charge
+/// (`MAP_NORESERVE`). Returns null on failure.
+fn mmap_anon(len: usize, prot: libc::c_int) -> *mut u8 {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
     // memory.
     let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
+        libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
     };
     if p == libc::MAP_FAILED {
         core::ptr::null_mut()
@@ -44,25 +37,16 @@ pub fn reserve(len: usize) -> *mut u8 {
     }
 }
 
+/// Reserves `len` bytes of address space with no access and no commit charge.
+/// Returns null on failure. `len` must be a multiple of [`PAGE`].
+pub fn reserve(len: usize) -> *mut u8 {
+    mmap_anon(len, libc::PROT_NONE)
+}
+
 /// Maps `len` fresh, zeroed, read-write bytes (committed lazily by the kernel on first touch).
 /// Returns null on failure.
 pub fn map(len: usize) -> *mut u8 {
-    // SAFETY: as in `reserve`: a new anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        core::ptr::null_mut()
-    } else {
-        p.cast()
-    }
+    mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE)
 }
 
 /// Makes `[p, p+len)` of a reservation readable and writable. Pages read as zero until written.
