@@ -305,7 +305,6 @@ unsafe impl GlobalAlloc for EdgePool {
     }
 }
 
-/// Used in `cache.rs` docs: the size of a class for tests.
 #[cfg(test)]
 mod tests {
     use super::*;
