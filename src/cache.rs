@@ -501,27 +501,29 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
             row.top = t as u32 + 1;
             return;
         }
-        let w = (idx >> 6) as u32;
-        let bit = 1u64 << (idx & 63);
-        if row.widx == w && row.current == slab {
-            if row.word & bit != 0 {
-                slab::invalid_pointer(p, b"free(): double free detected");
-            }
-            row.word |= bit;
-            return;
+        if release_slot(row, slab, idx, p) && needs_refile(slab) {
+            free_slow(slab);
         }
-        free_to_bitmap(slab, w, bit, p);
     }
 }
 
-/// Returns a slot to its slab's bitmap (the word is not checked out) and re-files the slab if its
-/// fill level crossed a boundary.
+/// Returns slot `idx` of `slab` to the row's checked-out word if it lies there (returns `false`),
+/// else to the slab's bitmap, lowering the search hint and counting it free (returns `true`: the
+/// slab's fill level changed, see [`needs_refile`]). Aborts on a double free.
 ///
 /// # Safety
-/// - `slab` is owned by the calling thread's cache; `64 * w + log2(bit)` is a slot index of it whose
-///   word is not checked out.
+/// - `row` is `slab`'s row in a cache owned by the calling thread; `idx < nslots`; `p` is the slot.
 #[inline(always)]
-unsafe fn free_to_bitmap(slab: *mut Slab, w: u32, bit: u64, p: *mut u8) {
+unsafe fn release_slot(row: &mut ClassState, slab: *mut Slab, idx: usize, p: *mut u8) -> bool {
+    let w = (idx >> 6) as u32;
+    let bit = 1u64 << (idx & 63);
+    if row.widx == w && row.current == slab {
+        if row.word & bit != 0 {
+            slab::invalid_pointer(p, b"free(): double free detected");
+        }
+        row.word |= bit;
+        return false;
+    }
     // SAFETY: owner-only access; w < nwords.
     unsafe {
         let s = &mut *slab;
@@ -534,10 +536,20 @@ unsafe fn free_to_bitmap(slab: *mut Slab, w: u32, bit: u64, p: *mut u8) {
             s.hint = w;
         }
         s.free_count += 1;
-        if s.state == FULL || (s.free_count == s.nslots && s.state == PARTIAL) {
-            free_slow(slab);
-        }
     }
+    true
+}
+
+/// Whether a slab whose free count just grew must move lists: a full slab now has free slots, or a
+/// partial slab is now empty (see [`refile`]).
+///
+/// # Safety
+/// - `slab` is a live slab owned by the calling thread's cache.
+#[inline(always)]
+unsafe fn needs_refile(slab: *mut Slab) -> bool {
+    // SAFETY: owner-only fields of a live slab.
+    let s = unsafe { &*slab };
+    s.state == FULL || (s.free_count == s.nslots && s.state == PARTIAL)
 }
 
 /// Frees a slot of a slab owned by `cache` (the calling thread's), wherever its word is.
@@ -548,25 +560,7 @@ unsafe fn owner_free(cache: *mut Cache, slab: *mut Slab, p: *mut u8) {
     // SAFETY: forwarded contract.
     unsafe {
         let idx = Slab::index_of(slab, p);
-        let w = (idx >> 6) as u32;
-        let bit = 1u64 << (idx & 63);
-        let row = &mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize);
-        if row.widx == w && row.current == slab {
-            if row.word & bit != 0 {
-                slab::invalid_pointer(p, b"free(): double free detected");
-            }
-            row.word |= bit;
-        } else {
-            let word = Slab::bits(slab).add(w as usize);
-            if *word & bit != 0 {
-                slab::invalid_pointer(p, b"free(): double free detected");
-            }
-            *word |= bit;
-            if w < (*slab).hint {
-                (*slab).hint = w;
-            }
-            (*slab).free_count += 1;
-        }
+        release_slot(&mut *(*cache).rows.as_mut_ptr().add((*slab).row as usize), slab, idx, p);
     }
 }
 
@@ -583,7 +577,7 @@ unsafe fn flush_stack(cache: *mut Cache, row: *mut ClassState) {
             let p = (*row).stack[(*row).top as usize];
             let slab = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
             owner_free(cache, slab, p);
-            if (*slab).state == FULL || ((*slab).state == PARTIAL && (*slab).free_count == (*slab).nslots) {
+            if needs_refile(slab) {
                 refile(slab);
             }
         }
