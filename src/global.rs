@@ -48,14 +48,13 @@ pub fn alloc_general(size: usize, align: usize, zeroed: bool) -> *mut u8 {
     }
     let max = heap::max_block();
     if size <= max && align <= max {
-        let order = heap::order_for(size, align);
         let load = crate::phase::current_is_load();
-        return match heap::alloc_block(order, buddy::LARGE, u8::from(load)) {
-            Some((p, dirty)) => {
+        return match heap::alloc_large(size, align, u8::from(load)) {
+            Some((p, dirty, bytes)) => {
                 bump(&COUNTERS.large_allocs, 1);
                 if load {
                     crate::phase::LOAD_LARGE_ALLOCS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                    bump(&crate::phase::LOAD_LARGE_LIVE, 1usize << order);
+                    bump(&crate::phase::LOAD_LARGE_LIVE, bytes);
                 }
                 if zeroed && dirty {
                     // SAFETY: the block holds at least `size` bytes.
@@ -211,13 +210,11 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             // SAFETY: a live large block head.
             let usable = unsafe { heap::block_size(p) };
             if new_size > SMALL_MAX && new_size <= heap::max_block() {
-                let order = heap::order_for(new_size, align);
-                // SAFETY: a live large block head owned by the caller.
-                if unsafe { heap::resize_in_place(p, order) } {
+                // SAFETY: a live large block head owned by the caller (its alignment is kept).
+                if let Some(now) = unsafe { heap::resize_in_place(p, new_size) } {
                     bump(&COUNTERS.large_realloc_in_place, 1);
                     // SAFETY: still a live large block head; its tag says which phase allocated it.
                     if unsafe { (*heap::page_entry(p as usize)).tag } != 0 {
-                        let now = 1usize << order;
                         let live = &crate::phase::LOAD_LARGE_LIVE;
                         if now > usable {
                             bump(live, now - usable);

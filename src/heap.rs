@@ -10,9 +10,22 @@
 //! Concurrency: the buddy structure is guarded by `HEAP.lock`; direct mappings by `DIRECT.lock`. The
 //! region bounds and the page map pointer are published once at initialisation and read lock-free.
 //!
-//! Memory return policy: freed blocks merge and stay resident while the dirty free bytes are within
-//! `EDGEPOOL_RETAIN`; beyond it the freed (merged) block is purged at once, so the dirty free bytes
-//! never exceed the retain threshold. `trim()` purges everything free.
+//! Large blocks are *runs* of whole pages: a request takes the smallest buddy block that holds it and
+//! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
+//! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
+//!
+//! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes dirty blocks before
+//! clean ones, so a freed temporary is reused without page faults. Only blocks in the same state merge,
+//! so `dirty_bytes` is what is really resident (a freed large run asks `mincore` which of its pages
+//! were ever touched). Dirty memory goes back to the OS, smallest blocks first, in three ways:
+//! - *on demand*: when an allocation must take clean memory (which faults new pages in) while the
+//!   dirty free bytes exceed the threshold, as much dirty memory is purged first, so the resident set
+//!   does not grow while freed memory waits for reuse;
+//! - *by decay*: dirty bytes beyond the threshold that stay so for `EDGEPOOL_PURGE_DELAY`
+//!   milliseconds (checked on every heap operation) are purged; a delay of 0 purges at free;
+//! - *at once*: `trim()`, and the end of a load phase, purge everything free.
+//!
+//! The threshold is `EDGEPOOL_RETAIN`, or `EDGEPOOL_LOAD_RETAIN` while a load phase is open.
 
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -47,6 +60,10 @@ struct Inner {
     opts: Values,
     retain: usize,
     load_retain: usize,
+    /// `EDGEPOOL_PURGE_DELAY` in nanoseconds.
+    purge_delay: u64,
+    /// When the dirty free bytes last rose above the threshold (0: they are within it).
+    over_since: u64,
     limit: usize,
     peak: usize,
 }
@@ -62,7 +79,7 @@ unsafe impl Sync for Heap {}
 
 static HEAP: Heap = Heap {
     lock: RawLock::new(),
-    inner: UnsafeCell::new(Inner { buddy: Buddy::empty(), opts: Values::defaults(), retain: 0, load_retain: 0, limit: 0, peak: 0 }),
+    inner: UnsafeCell::new(Inner { buddy: Buddy::empty(), opts: Values::defaults(), retain: 0, load_retain: 0, purge_delay: 0, over_since: 0, limit: 0, peak: 0 }),
 };
 
 /// Runs `f` with the heap locked.
@@ -152,6 +169,7 @@ fn init_slow() -> bool {
         h.opts = opts;
         h.retain = opts.get(options::RETAIN) as usize;
         h.load_retain = opts.get(options::LOAD_RETAIN) as usize;
+        h.purge_delay = opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
         h.limit = opts.get(options::LIMIT) as usize;
         MAX_BLOCK.store(top_size, Ordering::Relaxed);
         REGION.base.store(base, Ordering::Relaxed);
@@ -277,18 +295,114 @@ impl Inner {
         ok
     }
 
-    fn purge_all(&mut self) -> usize {
+    /// Purges free dirty blocks, smallest first, until at least `want` bytes are clean (or none is
+    /// dirty). Returns the bytes made clean.
+    fn purge(&mut self, want: usize) -> usize {
         let mut buddy = core::mem::replace(&mut self.buddy, Buddy::empty());
-        let cleaned = buddy.purge_all(|idx, order| self.purge_block(idx, order));
+        let cleaned = buddy.purge(want, |idx, order| self.purge_block(idx, order));
         self.buddy = buddy;
         cleaned
     }
 
-    /// Allocates a block, growing the region and honouring the budget.
-    fn alloc(&mut self, order: u32, kind: u8) -> Option<(u32, bool)> {
+    fn purge_all(&mut self) -> usize {
+        self.purge(usize::MAX)
+    }
+
+    /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
+    fn retain_now(&self) -> usize {
+        if crate::phase::any_active() {
+            self.retain.max(self.load_retain)
+        } else {
+            self.retain
+        }
+    }
+
+    /// About to hand out `bytes` of clean memory (new page faults): first purge as much dirty memory
+    /// beyond the threshold, so that waiting free memory never adds to the resident set.
+    fn make_room(&mut self, bytes: usize) {
+        let keep = self.retain_now();
+        if self.buddy.dirty_bytes > keep {
+            self.purge((self.buddy.dirty_bytes - keep).min(bytes));
+        }
+    }
+
+    /// Decay: purges the dirty bytes beyond `RETAIN` once they have stayed beyond it for
+    /// `PURGE_DELAY`. Not while a load phase is open (its end purges everything).
+    fn decay(&mut self) {
+        let keep = self.retain_now();
+        if self.buddy.dirty_bytes <= keep {
+            self.over_since = 0;
+            return;
+        }
+        let now = if self.purge_delay == 0 { 0 } else { os::now_ns() };
+        if self.over_since == 0 && self.purge_delay != 0 {
+            self.over_since = now;
+        } else if now.wrapping_sub(self.over_since) >= self.purge_delay {
+            self.purge(self.buddy.dirty_bytes - keep);
+            self.over_since = 0;
+        }
+    }
+
+    /// Frees the run of `n` pages at `idx`. A large run is split by residency (in 64 KiB granules,
+    /// asked of the kernel with `mincore`), so that only the pages it really touched count as dirty:
+    /// a vector's unused capacity or a calloc'd buffer read only in part is not resident, and calling
+    /// it dirty would let its later reuse fault pages in without the on-demand purge that keeps the
+    /// resident set bounded.
+    fn free_run(&mut self, idx: u32, n: u32) {
+        const GRANULE: u32 = 16;
+        const MAX_SEGMENTS: usize = 16;
+        if n < 4 * GRANULE {
+            self.buddy.free_run(idx);
+            return;
+        }
+        // Segments [start, end) of the run (page offsets) and whether they are resident.
+        let mut segs = [(0u32, 0u32, false); MAX_SEGMENTS];
+        let mut count = 0usize;
+        let mut buf = [0u8; 2048];
+        let mut off = 0u32;
+        while off < n {
+            let len = (n - off).min(buf.len() as u32);
+            if !os::resident_pages(addr_of(idx + off) as *mut u8, len as usize * PAGE, &mut buf) {
+                count = 0;
+                break;
+            }
+            let mut g = 0;
+            while g < len {
+                let end = (g + GRANULE).min(len);
+                let resident = buf[g as usize..end as usize].iter().any(|b| b & 1 != 0);
+                let (a, b) = (off + g, off + end);
+                if count > 0 && segs[count - 1].2 == resident {
+                    segs[count - 1].1 = b;
+                } else if count < MAX_SEGMENTS {
+                    segs[count] = (a, b, resident);
+                    count += 1;
+                } else {
+                    // Too fragmented to be worth it: everything counts as dirty.
+                    count = 0;
+                    off = n;
+                    break;
+                }
+                g = end;
+            }
+            off += len.min(n - off);
+        }
+        if count == 0 {
+            self.buddy.free_run(idx);
+            return;
+        }
+        for &(a, b, resident) in &segs[..count] {
+            self.buddy.release_range(idx + a, idx + b, if resident { DIRTY } else { 0 });
+        }
+    }
+
+    /// Allocates a block of `order` marked `kind` or, for `kind == LARGE`, a run of `run` pages
+    /// aligned to `order`; grows the region and honours the budget.
+    fn alloc(&mut self, order: u32, kind: u8, run: u32) -> Option<(u32, bool)> {
         let mut purged = false;
+        let bytes = if kind == buddy::LARGE { run as usize * PAGE } else { 1usize << order };
         loop {
-            let got = match self.buddy.alloc(order, kind) {
+            let took = if kind == buddy::LARGE { self.buddy.alloc_run(run, order) } else { self.buddy.alloc(order, kind) };
+            let got = match took {
                 Some(g) => Some(g),
                 None => {
                     if self.grow() {
@@ -301,8 +415,16 @@ impl Inner {
                 bump(&COUNTERS.oom_refusals, 1);
                 return None;
             };
+            if !dirty {
+                self.make_room(bytes);
+            }
             if self.limit != 0 && self.os_bytes() > self.limit {
-                self.buddy.free(idx, order, if dirty { DIRTY } else { 0 });
+                if kind == buddy::LARGE {
+                    // Given back in the state it was taken in: a refused clean run is not dirty.
+                    self.buddy.release_range(idx, idx + run, if dirty { DIRTY } else { 0 });
+                } else {
+                    self.buddy.free(idx, order, if dirty { DIRTY } else { 0 });
+                }
                 if !purged && self.buddy.dirty_bytes > 0 {
                     self.purge_all();
                     purged = true;
@@ -312,18 +434,14 @@ impl Inner {
                 return None;
             }
             self.note_peak();
+            self.decay();
             return Some((idx, dirty));
         }
     }
 
     fn free(&mut self, idx: u32, order: u32) {
-        let (m, mo) = self.buddy.free(idx, order, DIRTY);
-        // While a load phase is open, keep more freed memory resident: its end purges everything, and
-        // purging each freed temporary at once would fault it straight back in (see README).
-        let retain = if crate::phase::any_active() { self.retain.max(self.load_retain) } else { self.retain };
-        if self.buddy.dirty_bytes > retain && self.purge_block(m, mo) {
-            self.buddy.mark_clean(m);
-        }
+        self.buddy.free(idx, order, DIRTY);
+        self.decay();
     }
 }
 
@@ -340,9 +458,10 @@ pub fn max_block() -> usize {
     MAX_BLOCK.load(Ordering::Relaxed)
 }
 
-/// Allocates a block of `order` and marks it `kind` (`LARGE`, `SLAB` or `META`); for `SLAB` every page
-/// of the block is marked. Returns the address and whether the memory may be dirty (not known zero).
+/// Allocates a block of `order` and marks it `kind` (`SLAB`, `META` or `ARENA`; every page of a slab
+/// or arena chunk is marked). Returns the address and whether the memory may be dirty (not known zero).
 pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
+    debug_assert!(kind != buddy::LARGE);
     if !ensure_init() {
         return None;
     }
@@ -350,7 +469,7 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
         if order > h.buddy.top {
             return None;
         }
-        let (idx, dirty) = h.alloc(order, kind)?;
+        let (idx, dirty) = h.alloc(order, kind, 0)?;
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
@@ -367,67 +486,100 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
     })
 }
 
-/// Frees a block allocated by [`alloc_block`].
+/// Allocates a large block: a run of whole pages holding `size` bytes at alignment `align` (both at
+/// most [`max_block`]). Returns the address, whether the memory may be dirty, and the run's size.
+pub fn alloc_large(size: usize, align: usize, tag: u8) -> Option<(*mut u8, bool, usize)> {
+    if !ensure_init() {
+        return None;
+    }
+    let run = size.div_ceil(PAGE) as u32;
+    let order = order_for(PAGE, align);
+    with_heap(|h| {
+        if run as usize > (1usize << (h.buddy.top - MIN_ORDER)) || order > h.buddy.top {
+            return None;
+        }
+        let (idx, dirty) = h.alloc(order, buddy::LARGE, run)?;
+        // SAFETY: idx is the head just allocated.
+        unsafe { h.buddy.entry_mut(idx).tag = tag };
+        Some((addr_of(idx) as *mut u8, dirty, run as usize * PAGE))
+    })
+}
+
+/// Frees a block allocated by [`alloc_block`] or [`alloc_large`]. Returns its tag and size.
 ///
 /// # Safety
-/// - `p` was returned by [`alloc_block`] and not freed since; nothing uses the block any more.
+/// - `p` was returned by [`alloc_block`] or [`alloc_large`] and not freed since; nothing uses it any
+///   more.
 pub unsafe fn free_block(p: *mut u8) -> (u8, usize) {
     with_heap(|h| {
         let idx = index_of(p as usize);
         // SAFETY: p is the head of an allocated block (caller's contract), so idx is below frontier.
-        let (kind, order) = unsafe {
-            let e = h.buddy.entry(idx);
-            (e.kind, e.order as u32)
-        };
-        // SAFETY: idx is the block's head.
-        let tag = unsafe { h.buddy.entry(idx).tag };
-        if kind == buddy::SLAB || kind == buddy::ARENA {
+        let e = unsafe { h.buddy.entry(idx) };
+        if e.kind == buddy::LARGE {
+            // SAFETY: a live run's head.
+            let n = unsafe { h.buddy.run_pages(idx) };
+            h.free_run(idx, n);
+            h.decay();
+            return (e.tag, n as usize * PAGE);
+        }
+        let order = e.order as u32;
+        if e.kind == buddy::SLAB || e.kind == buddy::ARENA {
             for i in 1..(1u32 << (order - MIN_ORDER)) {
                 // SAFETY: pages of the same block.
                 unsafe { h.buddy.entry_mut(idx + i).kind = buddy::NONE };
             }
         }
         h.free(idx, order);
-        (tag, 1usize << order)
+        (e.tag, 1usize << order)
     })
 }
 
-/// Size in bytes of the allocated block whose head is `p`.
+/// Size in bytes of the large block whose head is `p`.
 ///
 /// # Safety
-/// - `p` is the head of an allocated block.
+/// - `p` is the head of a live large block (from [`alloc_large`]).
 pub unsafe fn block_size(p: *mut u8) -> usize {
-    // SAFETY: the head entry of an allocated block is only written by its owner.
-    1usize << unsafe { (*page_entry(p as usize)).order }
+    // SAFETY: the head entry of a live run is only written by its owner.
+    unsafe { (*page_entry(p as usize)).next as usize * PAGE }
 }
 
-/// Tries to resize the allocated block at `p` to `new_order` without moving it.
+/// Tries to resize the large block at `p` to hold `new_size` bytes without moving it. Returns the new
+/// size of the block, or `None` when the pages after it are not free (or the budget refuses).
 ///
 /// # Safety
-/// - `p` is the head of an allocated `LARGE` block owned by the caller.
-pub unsafe fn resize_in_place(p: *mut u8, new_order: u32) -> bool {
+/// - `p` is the head of a live large block owned by the caller.
+pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
+    let m = new_size.div_ceil(PAGE);
     with_heap(|h| {
+        if m > (1usize << (h.buddy.top - MIN_ORDER)) {
+            return None;
+        }
         let idx = index_of(p as usize);
-        // SAFETY: idx is an allocated head (caller's contract).
-        let order = unsafe { h.buddy.entry(idx).order as u32 };
-        if new_order == order {
-            return true;
+        // SAFETY: idx is a live run's head (caller's contract).
+        let n = unsafe { h.buddy.run_pages(idx) } as usize;
+        if m == n {
+            return Some(m * PAGE);
         }
-        if new_order < order {
-            h.buddy.shrink_in_place(idx, order, new_order);
-            return true;
+        let (free0, dirty0) = (h.buddy.free_bytes, h.buddy.dirty_bytes);
+        if !h.buddy.resize_run(idx, m as u32) {
+            return None;
         }
-        let before = h.os_bytes();
-        if !h.buddy.grow_in_place(idx, order, new_order) {
-            return false;
+        if m < n {
+            h.decay();
+            return Some(m * PAGE);
         }
-        if h.limit != 0 && h.os_bytes() > h.limit && h.os_bytes() > before {
-            h.buddy.shrink_in_place(idx, new_order, order);
+        // Clean pages claimed fault in when used: make room as for any clean allocation.
+        let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
+        if clean > 0 {
+            h.make_room(clean);
+        }
+        if h.limit != 0 && h.os_bytes() > h.limit {
+            h.buddy.resize_run(idx, n as u32);
             bump(&COUNTERS.budget_refusals, 1);
-            return false;
+            return None;
         }
         h.note_peak();
-        true
+        Some(m * PAGE)
     })
 }
 

@@ -29,9 +29,10 @@ pub const LOAD_PHASE: usize = 6;
 pub const LOAD_SECONDS: usize = 7;
 pub const LOAD_RETAIN: usize = 8;
 pub const LOAD_ARENA: usize = 9;
+pub const PURGE_DELAY: usize = 10;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 10] = [
+pub const OPTIONS: [OptionDef; 11] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -48,7 +49,7 @@ pub const OPTIONS: [OptionDef; 10] = [
         name: "RETAIN",
         kind: Kind::Size,
         default: 8 << 20,
-        description: "free heap memory kept resident for reuse; beyond it freed blocks go back to the OS",
+        description: "free heap memory kept resident for reuse; beyond it, free memory goes back to the OS before fresh memory is touched, and after PURGE_DELAY",
     },
     OptionDef {
         name: "LIMIT",
@@ -84,13 +85,19 @@ pub const OPTIONS: [OptionDef; 10] = [
         name: "LOAD_RETAIN",
         kind: Kind::Size,
         default: 8 << 20,
-        description: "free heap memory kept resident while a load phase is open (its end purges it all)",
+        description: "RETAIN while a load phase is open (no decay then: the phase's end purges everything free)",
     },
     OptionDef {
         name: "LOAD_ARENA",
         kind: Kind::Bool,
         default: 0,
         description: "load phases of the C API and EDGEPOOL_LOAD_PHASE bump-allocate from an arena instead of segregated slabs",
+    },
+    OptionDef {
+        name: "PURGE_DELAY",
+        kind: Kind::Size,
+        default: 10,
+        description: "milliseconds that free memory beyond RETAIN may stay resident, waiting for reuse, before it goes back to the OS (0 = at once)",
     },
 ];
 

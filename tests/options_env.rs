@@ -19,7 +19,7 @@ fn run_child(test: &str, env: &[(&str, &str)]) -> std::process::Output {
 fn environment_sets_options_and_verbose_prints_them() {
     let out = run_child(
         "child_sees_options",
-        &[("EDGEPOOL_MAX_BLOCK", "1M"), ("EDGEPOOL_RETAIN", "0"), ("EDGEPOOL_VERBOSE", "1")],
+        &[("EDGEPOOL_MAX_BLOCK", "1M"), ("EDGEPOOL_RETAIN", "0"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_VERBOSE", "1")],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed: {stderr}\n{}", String::from_utf8_lossy(&out.stdout));
@@ -42,13 +42,14 @@ fn child_sees_options() {
     let o = edgepool::options();
     assert_eq!(o.get(edgepool::options::MAX_BLOCK), 1 << 20);
     assert_eq!(o.get(edgepool::options::RETAIN), 0);
+    assert_eq!(o.get(edgepool::options::PURGE_DELAY), 0);
     assert_eq!(edgepool::max_block(), 1 << 20);
     // 2 MiB is beyond the largest block: mapped directly.
     let before = edgepool::stats().counters.direct_allocs;
     let v = std::hint::black_box(vec![1u8; 2 << 20]);
     assert_eq!(edgepool::stats().counters.direct_allocs, before + 1);
     drop(v);
-    // RETAIN=0: nothing free stays dirty.
+    // RETAIN=0 and PURGE_DELAY=0: nothing free stays dirty.
     let w = std::hint::black_box(vec![1u8; 512 << 10]);
     drop(w);
     assert_eq!(edgepool::stats().dirty_free_bytes, 0);

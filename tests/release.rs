@@ -1,27 +1,65 @@
-//! Memory goes back to the OS: after large blocks are freed, the free heap memory kept resident stays
-//! within EDGEPOOL_RETAIN, the rest is purged, and the process's RSS falls accordingly.
+//! Memory goes back to the OS. Freed memory stays resident for reuse, and is given back in three
+//! ways: by decay (beyond EDGEPOOL_RETAIN for EDGEPOOL_PURGE_DELAY), on demand (before fresh memory is
+//! touched while too much waits for reuse), and at once (`trim()`). Large blocks hold whole pages,
+//! not powers of two, and the OS bytes count exactly those. Each test runs in its own child process,
+//! so that the heap's figures belong to that test alone.
+
+use std::process::Command;
 
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
+const MIB: usize = 1 << 20;
+
+fn run_child(test: &str, env: &[(&str, &str)]) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{test} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Allocates `n` resident 1 MiB blocks.
+fn resident_blocks(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| vec![i as u8 | 1; MIB]).collect()
+}
+
 #[test]
-fn freed_memory_is_returned_beyond_the_retain_threshold() {
+fn freed_memory_decays_back_to_the_os() {
+    run_child("child_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
+}
+
+#[test]
+#[ignore = "run by freed_memory_decays_back_to_the_os in a child process"]
+fn child_decay() {
     let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
-    let block = 1 << 20;
     let n = 96;
     let rss0 = edgepool::os::rss_bytes();
-    let mut v: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8 | 1; block]).collect();
+    let mut v = resident_blocks(n);
     let rss_full = edgepool::os::rss_bytes();
-    assert!(rss_full >= rss0 + n * block * 9 / 10, "blocks were not resident: {rss0} -> {rss_full}");
+    assert!(rss_full >= rss0 + n * MIB * 9 / 10, "blocks were not resident: {rss0} -> {rss_full}");
     let purged0 = edgepool::stats().counters.purged_bytes;
     v.clear();
     v.shrink_to_fit();
+    // Within the delay the freed memory waits, resident, for reuse.
+    let waiting = edgepool::stats().dirty_free_bytes;
+    assert!(waiting > retain, "freed memory was purged at once: {waiting} dirty");
+    // After the delay, the next heap operation gives back everything beyond RETAIN.
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    drop(std::hint::black_box(vec![1u8; 64 << 10]));
     let s = edgepool::stats();
     assert!(s.dirty_free_bytes <= retain, "dirty free {} above retain {retain}", s.dirty_free_bytes);
-    assert!(s.counters.purged_bytes >= purged0 + n * block - retain - block);
+    assert!(s.counters.purged_bytes >= purged0 + n * MIB - retain - MIB);
     let rss_after = edgepool::os::rss_bytes();
     assert!(
-        rss_after + (n * block) / 2 < rss_full,
+        rss_after + (n * MIB) / 2 < rss_full,
         "RSS did not follow the live heap: full {rss_full}, after free {rss_after}"
     );
     // trim() gives back even what RETAIN kept.
@@ -30,5 +68,80 @@ fn freed_memory_is_returned_beyond_the_retain_threshold() {
     // Purged memory is reusable and reads as zero through alloc_zeroed.
     let z = vec![0u8; 8 << 20];
     assert!(z.iter().all(|&b| b == 0));
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
+fn fresh_memory_is_taken_only_after_waiting_memory_is_purged() {
+    // No decay at all: only the on-demand purge can give memory back.
+    run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000")]);
+}
+
+#[test]
+#[ignore = "run by fresh_memory_is_taken_only_after_waiting_memory_is_purged in a child process"]
+fn child_on_demand() {
+    let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
+    // Free every other 1 MiB block: 48 MiB of resident holes that no 32 MiB request fits in.
+    let mut v: Vec<Option<Vec<u8>>> = resident_blocks(96).into_iter().map(Some).collect();
+    for slot in v.iter_mut().step_by(2) {
+        *slot = None;
+    }
+    let dirty = edgepool::stats().dirty_free_bytes;
+    assert!(dirty >= 40 * MIB, "the holes are not waiting for reuse: {dirty}");
+    let rss_holes = edgepool::os::rss_bytes();
+    // A 32 MiB block needs fresh memory: as much waiting memory is purged first.
+    let big = vec![7u8; 32 * MIB];
+    let s = edgepool::stats();
+    assert!(s.dirty_free_bytes + 31 * MIB <= dirty, "nothing was purged on demand: {dirty} -> {}", s.dirty_free_bytes);
+    assert!(s.dirty_free_bytes >= retain.min(dirty), "purged more than needed");
+    let rss_big = edgepool::os::rss_bytes();
+    assert!(
+        rss_big < rss_holes + 4 * MIB,
+        "the resident set grew by the fresh block: {rss_holes} -> {rss_big}"
+    );
+    // The holes left are reused, resident, without purging anything.
+    let purged = s.counters.purged_bytes;
+    let again: Vec<Vec<u8>> = (0..4).map(|_| vec![3u8; MIB]).collect();
+    assert_eq!(edgepool::stats().counters.purged_bytes, purged);
+    assert!(big.iter().all(|&b| b == 7) && again.iter().all(|b| b.iter().all(|&x| x == 3)));
+    drop(v);
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
+fn large_blocks_hold_whole_pages_not_powers_of_two() {
+    run_child("child_exact_pages", &[]);
+}
+
+#[test]
+#[ignore = "run by large_blocks_hold_whole_pages_not_powers_of_two in a child process"]
+fn child_exact_pages() {
+    let os0 = edgepool::stats().os_bytes;
+    // 40 MiB + 1 byte: a power-of-two block would take 64 MiB.
+    let size = 40 * MIB + 1;
+    let mut v: Vec<u8> = Vec::with_capacity(size);
+    let os1 = edgepool::stats().os_bytes;
+    assert!(os1 - os0 <= size + 4096 + MIB, "a 40 MiB request took {} bytes", os1 - os0);
+    assert!(os1 - os0 >= size, "the OS bytes do not count the block: {}", os1 - os0);
+    // The usable size is the page-rounded request.
+    // SAFETY: v's buffer is a live block of this allocator.
+    let usable = unsafe { edgepool::raw::usable_size(v.as_mut_ptr()) };
+    assert_eq!(usable, size.div_ceil(4096) * 4096);
+    // The rest of the 64 MiB block serves other requests.
+    let w: Vec<u8> = Vec::with_capacity(16 * MIB);
+    let os2 = edgepool::stats().os_bytes;
+    assert!(os2 - os1 <= 16 * MIB + MIB);
+    let gap = (w.as_ptr() as usize).wrapping_sub(v.as_ptr() as usize);
+    assert!((size..64 * MIB).contains(&gap), "the 16 MiB block is not in the 64 MiB block's tail: {gap}");
+    // Growing in place claims the free pages that follow, and shrinking gives them back.
+    drop(w);
+    v.resize(size, 1);
+    let p = v.as_ptr();
+    v.reserve_exact(8 * MIB);
+    assert_eq!(v.as_ptr(), p, "the block did not grow in place");
+    v.shrink_to(MIB + 1);
+    assert_eq!(v.as_ptr(), p);
+    assert!(v.iter().all(|&b| b == 1));
+    drop(v);
     edgepool::check_heap().unwrap();
 }
