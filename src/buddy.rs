@@ -62,6 +62,8 @@ pub struct PageEntry {
 pub struct Buddy {
     map: *mut PageEntry,
     heads: [[u32; NORDERS]; 2],
+    /// Bit `o - MIN_ORDER` of `nonempty[d]` is set exactly when `heads[d][o - MIN_ORDER] != NIL`.
+    nonempty: [u32; 2],
     /// Order of the blocks the region is carved into.
     pub top: u32,
     /// Pages `[0, frontier)` are committed and covered by blocks.
@@ -87,7 +89,7 @@ const fn pages(order: u32) -> u32 {
 
 impl Buddy {
     pub const fn empty() -> Self {
-        Buddy { map: core::ptr::null_mut(), heads: [[NIL; NORDERS]; 2], top: MIN_ORDER, frontier: 0, free_bytes: 0, dirty_bytes: 0 }
+        Buddy { map: core::ptr::null_mut(), heads: [[NIL; NORDERS]; 2], nonempty: [0; 2], top: MIN_ORDER, frontier: 0, free_bytes: 0, dirty_bytes: 0 }
     }
 
     /// # Safety
@@ -143,6 +145,7 @@ impl Buddy {
             }
         }
         self.heads[l][h] = idx;
+        self.nonempty[l] |= 1 << h;
         let bytes = (pages(order) as usize) * PAGE;
         self.free_bytes += bytes;
         if flags & DIRTY != 0 {
@@ -157,7 +160,11 @@ impl Buddy {
             if e.prev != NIL {
                 self.entry_mut(e.prev).next = e.next;
             } else {
-                self.heads[list(e.flags)][(e.order as u32 - MIN_ORDER) as usize] = e.next;
+                let (l, h) = (list(e.flags), (e.order as u32 - MIN_ORDER) as usize);
+                self.heads[l][h] = e.next;
+                if e.next == NIL {
+                    self.nonempty[l] &= !(1 << h);
+                }
             }
             if e.next != NIL {
                 self.entry_mut(e.next).prev = e.prev;
@@ -181,7 +188,9 @@ impl Buddy {
 
     /// Smallest order `>= order` whose list `l` is not empty.
     fn smallest(&self, l: usize, order: u32) -> Option<u32> {
-        (order..=self.top).find(|&o| self.heads[l][(o - MIN_ORDER) as usize] != NIL)
+        let above = self.nonempty[l] >> (order - MIN_ORDER);
+        let o = order + above.trailing_zeros();
+        (above != 0 && o <= self.top).then_some(o)
     }
 
     /// Takes a block of `order` and marks its head `kind`. Returns its page index and whether it may be
@@ -412,6 +421,13 @@ impl Buddy {
         }
         if free != self.free_bytes {
             return Err("free_bytes mismatch");
+        }
+        for (l, heads) in self.heads.iter().enumerate() {
+            for (h, &head) in heads.iter().enumerate() {
+                if (head != NIL) != (self.nonempty[l] >> h & 1 != 0) {
+                    return Err("non-empty mask out of step with the lists");
+                }
+            }
         }
         if dirty != self.dirty_bytes {
             return Err("dirty_bytes mismatch");

@@ -16,8 +16,7 @@
 //!
 //! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes dirty blocks before
 //! clean ones, so a freed temporary is reused without page faults. Only blocks in the same state merge,
-//! so `dirty_bytes` is what is really resident (a freed large run asks `mincore` which of its pages
-//! were ever touched). Dirty memory goes back to the OS, smallest blocks first, in three ways:
+//! so `dirty_bytes` is what may be resident (all of a freed block counts, touched or not). Dirty memory goes back to the OS, smallest blocks first, in three ways:
 //! - *on demand*: when an allocation must take clean memory (which faults new pages in) while the
 //!   dirty free bytes exceed the threshold, as much dirty memory is purged first, so the resident set
 //!   does not grow while freed memory waits for reuse;
@@ -343,58 +342,6 @@ impl Inner {
         }
     }
 
-    /// Frees the run of `n` pages at `idx`. A large run is split by residency (in 64 KiB granules,
-    /// asked of the kernel with `mincore`), so that only the pages it really touched count as dirty:
-    /// a vector's unused capacity or a calloc'd buffer read only in part is not resident, and calling
-    /// it dirty would let its later reuse fault pages in without the on-demand purge that keeps the
-    /// resident set bounded.
-    fn free_run(&mut self, idx: u32, n: u32) {
-        const GRANULE: u32 = 16;
-        const MAX_SEGMENTS: usize = 16;
-        if n < 4 * GRANULE {
-            self.buddy.free_run(idx);
-            return;
-        }
-        // Segments [start, end) of the run (page offsets) and whether they are resident.
-        let mut segs = [(0u32, 0u32, false); MAX_SEGMENTS];
-        let mut count = 0usize;
-        let mut buf = [0u8; 2048];
-        let mut off = 0u32;
-        while off < n {
-            let len = (n - off).min(buf.len() as u32);
-            if !os::resident_pages(addr_of(idx + off) as *mut u8, len as usize * PAGE, &mut buf) {
-                count = 0;
-                break;
-            }
-            let mut g = 0;
-            while g < len {
-                let end = (g + GRANULE).min(len);
-                let resident = buf[g as usize..end as usize].iter().any(|b| b & 1 != 0);
-                let (a, b) = (off + g, off + end);
-                if count > 0 && segs[count - 1].2 == resident {
-                    segs[count - 1].1 = b;
-                } else if count < MAX_SEGMENTS {
-                    segs[count] = (a, b, resident);
-                    count += 1;
-                } else {
-                    // Too fragmented to be worth it: everything counts as dirty.
-                    count = 0;
-                    off = n;
-                    break;
-                }
-                g = end;
-            }
-            off += len.min(n - off);
-        }
-        if count == 0 {
-            self.buddy.free_run(idx);
-            return;
-        }
-        for &(a, b, resident) in &segs[..count] {
-            self.buddy.release_range(idx + a, idx + b, if resident { DIRTY } else { 0 });
-        }
-    }
-
     /// Allocates a block of `order` marked `kind` or, for `kind == LARGE`, a run of `run` pages
     /// aligned to `order`; grows the region and honours the budget.
     fn alloc(&mut self, order: u32, kind: u8, run: u32) -> Option<(u32, bool)> {
@@ -518,7 +465,7 @@ pub unsafe fn free_block(p: *mut u8) -> (u8, usize) {
         if e.kind == buddy::LARGE {
             // SAFETY: a live run's head.
             let n = unsafe { h.buddy.run_pages(idx) };
-            h.free_run(idx, n);
+            h.buddy.free_run(idx);
             h.decay();
             return (e.tag, n as usize * PAGE);
         }
