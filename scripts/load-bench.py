@@ -46,6 +46,8 @@ def main():
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "--example", "tract_load", "-p", "edgepool"], cwd=ROOT, check=True)
     edge = cmp.edgepool_lib()
+    tracer = os.path.join(ROOT, "target", "live-heap.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", tracer, os.path.join(ROOT, "scripts", "live-heap.c")], check=True)
     cmp.ensure_debian(["mimalloc", "jemalloc", "tcmalloc"])
     libs = {n: os.path.join(cmp.LIBDIR, cmp.DEBIAN[n][1]) for n in ("mimalloc", "jemalloc", "tcmalloc")}
     tract = os.path.join(ROOT, "target", "release", "examples", "tract_load")
@@ -62,6 +64,11 @@ def main():
             shutil.copy(base, p)
         paths.append(p)
     ort_script = os.path.join(ROOT, "tests", "programs", "ort_load.py")
+    # The floor: glibc with the live-heap tracer, once per path.
+    floors = {
+        "tract": lambda p: ([tract, "load", p], {"EDGEPOOL_ALLOCATOR": "system", "LD_PRELOAD": tracer}),
+        "onnxruntime": lambda p: ([a.python, ort_script, p], {"LD_PRELOAD": tracer}),
+    }
     configs = {
         "tract": [
             ("system", lambda p: ([tract, "load", p], {"EDGEPOOL_ALLOCATOR": "system"})),
@@ -92,13 +99,20 @@ def main():
                 for n, make in order:
                     cmd, env = make(p)
                     res[n].append(run(cmd, env))
-        print(f"\n{engine}\n")
-        print("| allocator | peak RSS while loading | RSS right after loading | load time | first inference |")
-        print("|---|---|---|---|---|")
+        fl = []
+        for p in paths:
+            cmd, env = floors[engine](p)
+            x = run(cmd, env)
+            fl.append(int(x["rss_before"]) + int(x["heap_peak"]) - int(x["heap_before"]))
+        floor = statistics.median(fl)
+        print(f"\n{engine}: floor {floor / 2**20:.0f} MiB (RSS before loading + growth of the live heap while "
+              f"loading, traced under glibc with scripts/live-heap.c)\n")
+        print("| allocator | peak RSS while loading | peak ÷ floor | RSS right after loading | load time | first inference |")
+        print("|---|---|---|---|---|---|")
         for n, _ in cfgs:
             med = lambda k: statistics.median(float(x[k]) for x in res[n])
             sums = {x["out_sum"] for x in res[n]}
-            print(f"| {n} | {med('peak_rss') / 2**20:.0f} MiB | {med('rss_after_load') / 2**20:.0f} MiB | "
+            print(f"| {n} | {med('peak_rss') / 2**20:.0f} MiB | {med('peak_rss') / floor:.2f} | {med('rss_after_load') / 2**20:.0f} MiB | "
                   f"{med('load_ms'):.0f} ms | {med('infer_ms'):.1f} ms |" + ("" if len(sums) == 1 else f" outputs differ: {sums}"))
 
 

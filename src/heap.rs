@@ -310,7 +310,7 @@ impl Inner {
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
     fn retain_now(&self) -> usize {
         if crate::phase::any_active() {
-            self.retain.max(self.load_retain)
+            self.load_retain
         } else {
             self.retain
         }

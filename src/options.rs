@@ -84,8 +84,8 @@ pub const OPTIONS: [OptionDef; 11] = [
     OptionDef {
         name: "LOAD_RETAIN",
         kind: Kind::Size,
-        default: 8 << 20,
-        description: "RETAIN while a load phase is open (no decay then: the phase's end purges everything free)",
+        default: 0,
+        description: "RETAIN while a load phase is open: by default none, so that memory waiting for reuse never adds to the peak of loading (the phase's end purges everything free)",
     },
     OptionDef {
         name: "LOAD_ARENA",

@@ -195,8 +195,19 @@ pub fn load(path: &str, phase: bool) -> TractResult<()> {
     load_with(path, phase.then_some(edgepool::PhaseMode::Segregated))
 }
 
+/// A counter exported by `scripts/live-heap.c` when that tracer is preloaded (`None` otherwise).
+fn live_heap(name: &std::ffi::CStr) -> Option<usize> {
+    // SAFETY: dlsym with a NUL-terminated name; a symbol it finds is the tracer's `size_t f(void)`.
+    unsafe {
+        let f = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
+        (!f.is_null()).then(|| core::mem::transmute::<*mut libc::c_void, extern "C" fn() -> usize>(f)())
+    }
+}
+
 /// As [`load`], with the load phase in `mode` (or none).
 pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<()> {
+    let rss_before_kb = status_kb("VmRSS:");
+    let heap_before = live_heap(c"live_heap_bytes");
     let t0 = Instant::now();
     let guard = mode.map(edgepool::load_phase_with);
     let model = tract_onnx::onnx()
@@ -208,6 +219,7 @@ pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<(
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let peak_kb = status_kb("VmHWM:");
     let after_kb = status_kb("VmRSS:");
+    let heap_peak = live_heap(c"live_heap_peak");
     let mut seed = 99u64;
     let input: Tensor = tract_ndarray::Array4::from_shape_fn((1, 3, 32, 32), |_| rng(&mut seed)).into();
     let t1 = Instant::now();
@@ -223,11 +235,15 @@ pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<(
         (false, None) => "edgepool",
     };
     print!(
-        "allocator={alloc} load_ms={load_ms:.1} infer_ms={infer_ms:.1} peak_rss={} rss_after_load={} out_sum={sum:e} out_first={}",
+        "allocator={alloc} load_ms={load_ms:.1} infer_ms={infer_ms:.1} peak_rss={} rss_after_load={} rss_before={} out_sum={sum:e} out_first={}",
         peak_kb * 1024,
         after_kb * 1024,
+        rss_before_kb * 1024,
         first.join(",")
     );
+    if let (Some(b), Some(p)) = (heap_before, heap_peak) {
+        print!(" heap_before={b} heap_peak={p}");
+    }
     if let Some(r) = report {
         print!(
             " phase_allocations={} phase_peak={} phase_survivors={} phase_released={} phase_os_before={} phase_os_after={}",

@@ -1,7 +1,8 @@
 """Loads an ONNX model with onnxruntime and reports memory and time, for scripts/load-bench.py.
 Usage: python ort_load.py MODEL.onnx [--phase]
 --phase wraps InferenceSession(...) in edgepool's load phase (libedgepool.so must be preloaded).
-Prints one line: load_ms infer_ms peak_rss rss_after_load out_sum."""
+Prints one line: load_ms infer_ms peak_rss rss_after_load rss_before out_sum, and heap_before and
+heap_peak when scripts/live-heap.c is preloaded."""
 import ctypes
 import sys
 import time
@@ -22,7 +23,12 @@ path = sys.argv[1]
 phase = "--phase" in sys.argv
 opts = ort.SessionOptions()
 opts.intra_op_num_threads = 2
-lib = ctypes.CDLL(None) if phase else None
+lib = ctypes.CDLL(None)
+tracer = hasattr(lib, "live_heap_bytes")
+if tracer:
+    lib.live_heap_bytes.restype = lib.live_heap_peak.restype = ctypes.c_size_t
+rss_before = status("VmRSS:")
+heap_before = lib.live_heap_bytes() if tracer else None
 t0 = time.perf_counter()
 if phase:
     lib.edgepool_load_begin()
@@ -31,8 +37,10 @@ if phase:
     assert lib.edgepool_load_end(None) == 0
 load_ms = (time.perf_counter() - t0) * 1e3
 peak, after = status("VmHWM:"), status("VmRSS:")
+heap = f" heap_before={heap_before} heap_peak={lib.live_heap_peak()}" if tracer else ""
 x = np.random.default_rng(99).standard_normal((1, 3, 32, 32)).astype(np.float32)
 t1 = time.perf_counter()
 y = sess.run(None, {"input": x})[0]
 infer_ms = (time.perf_counter() - t1) * 1e3
-print(f"load_ms={load_ms:.1f} infer_ms={infer_ms:.1f} peak_rss={peak} rss_after_load={after} out_sum={float(y.sum()):e}")
+print(f"load_ms={load_ms:.1f} infer_ms={infer_ms:.1f} peak_rss={peak} rss_after_load={after} rss_before={rss_before} "
+      f"out_sum={float(y.sum()):e}{heap}")
