@@ -507,6 +507,12 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         if m == n {
             return Some(m * PAGE);
         }
+        // Budget: growing adds at most its new pages to the OS bytes (claimed dirty pages add none).
+        // Checked before anything changes, so a refusal leaves the heap exactly as it was.
+        if m > n && h.limit != 0 && h.os_bytes() + (m - n) * PAGE > h.limit {
+            bump(&COUNTERS.budget_refusals, 1);
+            return None;
+        }
         let (free0, dirty0) = (h.buddy.free_bytes, h.buddy.dirty_bytes);
         if !h.buddy.resize_run(idx, m as u32) {
             return None;
@@ -519,11 +525,6 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
         if clean > 0 {
             h.make_room(clean);
-        }
-        if h.limit != 0 && h.os_bytes() > h.limit {
-            h.buddy.resize_run(idx, n as u32);
-            bump(&COUNTERS.budget_refusals, 1);
-            return None;
         }
         h.note_peak();
         Some(m * PAGE)

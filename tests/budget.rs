@@ -35,6 +35,17 @@ fn requests_beyond_the_budget_fail_cleanly_and_recover() {
     // Small allocations and big ones beyond the largest block are refused the same way.
     let huge = edgepool::raw::alloc(200 << 20, 16);
     assert!(huge.is_null());
+    // Growing a block at the budget fails and leaves it intact, and the refusal takes nothing.
+    let last = *blocks.last().unwrap();
+    // SAFETY: a live 1 MiB block, grown to 8 MiB (in place or moved: either needs new memory).
+    let grown = unsafe { edgepool::raw::realloc(last, 8 << 20, 16) };
+    let after = edgepool::stats().os_bytes;
+    edgepool::set_limit(0);
+    assert!(grown.is_null(), "a realloc beyond the budget succeeded");
+    // SAFETY: the block is still live and 1 MiB long.
+    assert!(unsafe { std::slice::from_raw_parts(last, 1 << 20) }.iter().all(|&b| b == 0x5A));
+    assert!(after <= limit, "a refused realloc left {after} bytes taken under a budget of {limit}");
+    edgepool::set_limit(limit);
     // Free half: the same requests succeed again.
     for p in blocks.drain(..32) {
         // SAFETY: live blocks.
