@@ -15,8 +15,9 @@
 //! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
 //!
 //! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes dirty blocks before
-//! clean ones, so a freed temporary is reused without page faults. Only blocks in the same state merge,
-//! so `dirty_bytes` is what may be resident (all of a freed block counts, touched or not). Dirty memory goes back to the OS, smallest blocks first, in three ways:
+//! clean ones, so a freed temporary is reused without page faults. Only blocks in the same state
+//! merge, so `dirty_bytes` is what may be resident (all of a freed block counts, touched or not).
+//! Dirty memory goes back to the OS, smallest blocks first, in three ways:
 //! - *on demand*: when an allocation must take clean memory (which faults new pages in) while the
 //!   dirty free bytes exceed the threshold, as much dirty memory is purged first, so the resident set
 //!   does not grow while freed memory waits for reuse;
@@ -325,8 +326,8 @@ impl Inner {
         }
     }
 
-    /// Decay: purges the dirty bytes beyond `RETAIN` once they have stayed beyond it for
-    /// `PURGE_DELAY`. Not while a load phase is open (its end purges everything).
+    /// Decay: purges the dirty bytes beyond the threshold ([`Inner::retain_now`]) once they have
+    /// stayed beyond it for `PURGE_DELAY`; with a delay of 0, at once.
     fn decay(&mut self) {
         let keep = self.retain_now();
         if self.buddy.dirty_bytes <= keep {
