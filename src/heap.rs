@@ -28,7 +28,7 @@
 //! The threshold is `EDGEPOOL_RETAIN`, or `EDGEPOOL_LOAD_RETAIN` while a load phase is open.
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::buddy::{self, Buddy, PageEntry, DIRTY, MIN_ORDER};
 use crate::options::{self, Values};
@@ -54,6 +54,8 @@ static REGION: Region =
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Size of the largest buddy block, published by [`init`] (0 before).
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
+/// `EDGEPOOL_LOAD_PREFAULT`, published by [`init`].
+static LOAD_PREFAULT: AtomicBool = AtomicBool::new(false);
 
 struct Inner {
     buddy: Buddy,
@@ -172,6 +174,7 @@ fn init_slow() -> bool {
         h.purge_delay = opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
         h.limit = opts.get(options::LIMIT) as usize;
         MAX_BLOCK.store(top_size, Ordering::Relaxed);
+        LOAD_PREFAULT.store(opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
         REGION.base.store(base, Ordering::Relaxed);
         REGION.map.store(map, Ordering::Relaxed);
         REGION.span.store(span, Ordering::Relaxed);
@@ -398,6 +401,12 @@ impl Inner {
 pub fn order_for(size: usize, align: usize) -> u32 {
     let need = size.max(align).max(PAGE);
     usize::BITS - (need - 1).leading_zeros()
+}
+
+/// Whether load phases prefault fresh large blocks (`EDGEPOOL_LOAD_PREFAULT`), read once at init.
+#[inline]
+pub fn load_prefault() -> bool {
+    LOAD_PREFAULT.load(Ordering::Relaxed)
 }
 
 /// Size of the largest buddy block (0 before initialisation); larger requests are mapped directly.

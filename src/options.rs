@@ -30,9 +30,10 @@ pub const LOAD_SECONDS: usize = 7;
 pub const LOAD_RETAIN: usize = 8;
 pub const LOAD_ARENA: usize = 9;
 pub const PURGE_DELAY: usize = 10;
+pub const LOAD_PREFAULT: usize = 11;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 11] = [
+pub const OPTIONS: [OptionDef; 12] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -98,6 +99,12 @@ pub const OPTIONS: [OptionDef; 11] = [
         kind: Kind::Size,
         default: 10,
         description: "milliseconds that free memory beyond RETAIN may stay resident, waiting for reuse, before it goes back to the OS (0 = at once)",
+    },
+    OptionDef {
+        name: "LOAD_PREFAULT",
+        kind: Kind::Bool,
+        default: 1,
+        description: "inside a load phase, a large block of fresh memory (256 KiB or more; not zeroed requests, not realloc) is faulted in with one call instead of page by page",
     },
 ];
 

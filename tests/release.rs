@@ -145,3 +145,74 @@ fn child_exact_pages() {
     drop(v);
     edgepool::check_heap().unwrap();
 }
+
+#[test]
+fn load_phases_prefault_fresh_large_blocks() {
+    run_child("child_prefault", &[]);
+    run_child("child_prefault_off", &[("EDGEPOOL_LOAD_PREFAULT", "0")]);
+}
+
+/// Whether this kernel has `MADV_POPULATE_WRITE` (Linux 5.14+).
+fn kernel_populates() -> bool {
+    let p = edgepool::os::map(4096);
+    assert!(!p.is_null());
+    // SAFETY: a fresh private mapping of one page, unmapped right after.
+    unsafe {
+        let ok = edgepool::os::populate(p, 4096);
+        edgepool::os::unmap(p, 4096);
+        ok
+    }
+}
+
+/// Resident growth, in bytes, across `f`.
+fn rss_growth(f: impl FnOnce()) -> usize {
+    let before = edgepool::os::rss_bytes();
+    f();
+    edgepool::os::rss_bytes().saturating_sub(before)
+}
+
+#[test]
+#[ignore = "run by load_phases_prefault_fresh_large_blocks in a child process"]
+fn child_prefault() {
+    if !kernel_populates() {
+        eprintln!("skipped: this kernel lacks MADV_POPULATE_WRITE");
+        return;
+    }
+    let size = 8 * MIB;
+    let mut blocks = vec![];
+    // Outside a phase, a fresh block is faulted in only when written.
+    assert!(rss_growth(|| blocks.push(edgepool::raw::alloc(size, 16))) < MIB);
+    let guard = edgepool::load_phase();
+    // Inside, it is resident at once, before anything is written to it...
+    let grew = rss_growth(|| blocks.push(edgepool::raw::alloc(size, 16)));
+    assert!(grew >= size - MIB, "a fresh block in a load phase was not prefaulted: {grew}");
+    // ...but a zeroed block is not (a large zeroed buffer is often used sparsely),
+    assert!(rss_growth(|| blocks.push(edgepool::raw::alloc_zeroed(size, 16))) < MIB);
+    // nor what a realloc adds, whether it grows in place or moves.
+    let small = edgepool::raw::alloc(64 << 10, 16);
+    // SAFETY: a live 64 KiB block, grown to 8 MiB.
+    let moved = rss_growth(|| blocks.push(unsafe { edgepool::raw::realloc(small, size, 16) }));
+    assert!(moved < 2 * MIB, "realloc's new block was prefaulted: {moved}");
+    drop(guard);
+    for p in blocks {
+        assert!(!p.is_null());
+        // SAFETY: live blocks of this allocator.
+        unsafe { edgepool::raw::free(p) };
+    }
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
+#[ignore = "run by load_phases_prefault_fresh_large_blocks in a child process"]
+fn child_prefault_off() {
+    let _guard = edgepool::load_phase();
+    let p = std::hint::black_box(edgepool::raw::alloc(8 * MIB, 16));
+    let grew = rss_growth(|| {
+        let q = edgepool::raw::alloc(8 * MIB, 16);
+        // SAFETY: a live block.
+        unsafe { edgepool::raw::free(q) };
+    });
+    assert!(grew < MIB, "EDGEPOOL_LOAD_PREFAULT=0 still prefaulted: {grew}");
+    // SAFETY: a live block.
+    unsafe { edgepool::raw::free(p) };
+}
