@@ -337,13 +337,18 @@ impl Inner {
             self.over_since = 0;
             return;
         }
-        let now = if self.purge_delay == 0 { 0 } else { os::now_ns() };
-        if self.over_since == 0 && self.purge_delay != 0 {
-            self.over_since = now;
-        } else if now.wrapping_sub(self.over_since) >= self.purge_delay {
-            self.purge(self.buddy.dirty_bytes - keep);
-            self.over_since = 0;
+        if self.purge_delay != 0 {
+            let now = os::now_ns();
+            if self.over_since == 0 {
+                self.over_since = now;
+                return;
+            }
+            if now.wrapping_sub(self.over_since) < self.purge_delay {
+                return;
+            }
         }
+        self.purge(self.buddy.dirty_bytes - keep);
+        self.over_since = 0;
     }
 
     /// Allocates a block of `order` marked `kind` or, for `kind == LARGE`, a run of `run` pages
