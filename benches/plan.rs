@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use edgepool::plan::{self, Budget, Strategy, Tensor};
 
 fn load(name: &str) -> Vec<Tensor> {
-    let path = format!("{}/../shared/plan-data/{name}.csv", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/data/plan/{name}.csv", env!("CARGO_MANIFEST_DIR"));
     plan::csv::parse(&std::fs::read_to_string(path).unwrap(), 1).unwrap()
 }
 

@@ -7,7 +7,7 @@ fn run(args: &[&str]) -> std::process::Output {
 }
 
 fn shared(name: &str) -> String {
-    format!("{}/../shared/plan-data/{name}.csv", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/data/plan/{name}.csv", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn field(json: &str, key: &str) -> String {
