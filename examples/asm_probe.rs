@@ -1,5 +1,6 @@
 //! Exposes the allocation and free fast paths as plain symbols, to read their machine code:
-//! `cargo build --release --example asm_probe && objdump -d -M intel target/release/examples/asm_probe | awk '/<probe_alloc>:/,/^$/'`
+//! `cargo build --release --example asm_probe && objdump -d -M intel target/release/examples/asm_probe | awk '/<probe_alloc>:/,/^$/'`,
+//! or to count their instructions path by path: `python3 scripts/fast-path-insns.py`.
 
 #[inline(never)]
 #[no_mangle]

@@ -46,7 +46,15 @@ fn workload() -> usize {
     // A "model description" as text: names, shapes, attributes.
     let mut text = String::new();
     for i in 0..20_000 {
-        text.push_str(&format!("node_{i} op=Conv{} in=[t{},t{}] shape=[1,{},{},{}]\n", i % 7, i, i + 1, i % 512, i % 64, i % 3));
+        text.push_str(&format!(
+            "node_{i} op=Conv{} in=[t{},t{}] shape=[1,{},{},{}]\n",
+            i % 7,
+            i,
+            i + 1,
+            i % 512,
+            i % 64,
+            i % 3
+        ));
     }
     let mut by_name: HashMap<String, Vec<String>> = HashMap::new();
     let mut ordered: BTreeMap<String, usize> = BTreeMap::new();
@@ -55,7 +63,10 @@ fn workload() -> usize {
         let parts: Vec<String> = line.split(' ').map(str::to_owned).collect();
         let name = parts[0].clone();
         ordered.insert(name.clone(), parts.len());
-        nodes.push(Node::Op(Box::new(Node::Leaf(parts[1].clone())), Box::new(Node::List(parts.iter().skip(2).map(|p| Node::Leaf(p.clone())).collect()))));
+        nodes.push(Node::Op(
+            Box::new(Node::Leaf(parts[1].clone())),
+            Box::new(Node::List(parts.iter().skip(2).map(|p| Node::Leaf(p.clone())).collect())),
+        ));
         by_name.insert(name, parts);
     }
     total += by_name.len() + ordered.len() + nodes.len();
@@ -87,9 +98,21 @@ fn main() {
         with_fine += count * reserved(size, &ours) as u64;
         without += count * reserved(size, &ladder) as u64;
     }
-    println!("workload objects: {n}; requests ≤ 4 KiB: {reqs}; below 64 B: {below64} ({:.1} %)", 100.0 * below64 as f64 / reqs as f64);
+    println!(
+        "workload objects: {n}; requests ≤ 4 KiB: {reqs}; below 64 B: {below64} ({:.1} %)",
+        100.0 * below64 as f64 / reqs as f64
+    );
     println!("bytes requested:                  {requested}");
-    println!("reserved with 16/32/48 + ladder:  {with_fine} (waste {:.1} %)", 100.0 * (with_fine - requested) as f64 / with_fine as f64);
-    println!("reserved with the ladder alone:   {without} (waste {:.1} %)", 100.0 * (without - requested) as f64 / without as f64);
-    println!("saved by the finer classes:       {:.1} % of reserved bytes", 100.0 * (without - with_fine) as f64 / without as f64);
+    println!(
+        "reserved with 16/32/48 + ladder:  {with_fine} (waste {:.1} %)",
+        100.0 * (with_fine - requested) as f64 / with_fine as f64
+    );
+    println!(
+        "reserved with the ladder alone:   {without} (waste {:.1} %)",
+        100.0 * (without - requested) as f64 / without as f64
+    );
+    println!(
+        "saved by the finer classes:       {:.1} % of reserved bytes",
+        100.0 * (without - with_fine) as f64 / without as f64
+    );
 }

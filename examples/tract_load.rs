@@ -43,10 +43,18 @@ fn demo(mb: usize) {
     println!("\nloading it with tract, each in a fresh process:\n");
     println!("| allocator | peak RSS while loading | RSS right after loading | load | first inference |");
     println!("|---|---|---|---|---|");
-    for (name, flag, system) in [("glibc malloc", None, true), ("edgepool", None, false), ("edgepool + load_phase()", Some("--phase"), false)] {
+    for (name, flag, system) in
+        [("glibc malloc", None, true), ("edgepool", None, false), ("edgepool + load_phase()", Some("--phase"), false)]
+    {
         let r = child(model, flag, system);
         let mib = |k: &str| r[k].parse::<f64>().unwrap() / (1u64 << 20) as f64;
-        println!("| {name} | {:.0} MiB | {:.0} MiB | {} ms | {} ms |", mib("peak_rss"), mib("rss_after_load"), r["load_ms"], r["infer_ms"]);
+        println!(
+            "| {name} | {:.0} MiB | {:.0} MiB | {} ms | {} ms |",
+            mib("peak_rss"),
+            mib("rss_after_load"),
+            r["load_ms"],
+            r["infer_ms"]
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

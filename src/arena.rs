@@ -12,11 +12,11 @@
 
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::buddy;
+use crate::buddy::PageKind;
 use crate::heap;
+use crate::os;
 use crate::size_class::{natural_align, CLASS_SIZES};
-use crate::slab::invalid_pointer;
-use crate::stats::{bump, COUNTERS};
+use crate::stats::{self, COUNTERS};
 
 pub const CHUNK_SHIFT: u32 = 20;
 pub const CHUNK_SIZE: usize = 1 << CHUNK_SHIFT;
@@ -36,28 +36,32 @@ pub static ALLOCS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64
 /// Invariants: `live & !RETIRED` counts the objects handed out and not freed; `RETIRED` is set once,
 /// by the owner, when the chunk stops being current; whoever moves `live` to exactly `RETIRED` (the
 /// owner retiring an empty chunk, or the last free of a retired one) gives the chunk back, so exactly
-/// one party does. `bump` (owner only) is the next free byte; table byte `g` (for the granule at
-/// `16 * g`) is `class + 1` for a live object starting there and 0 elsewhere.
+/// one party does. `next_free` (owner only) is the address of the next free byte; table byte `g` (for
+/// the granule at `16 * g`) is `class + 1` for a live object starting there and 0 elsewhere.
 #[repr(C)]
 pub struct Chunk {
     live: AtomicUsize,
-    bump: usize,
+    next_free: usize,
 }
 
 impl Chunk {
-    fn table(this: *mut Chunk) -> *mut u8 {
-        // SAFETY: the table follows the 64-byte header inside the chunk.
+    /// The class table, right after the header.
+    ///
+    /// # Safety
+    /// - `this` is a live chunk (inside its 1 MiB block).
+    unsafe fn table(this: *mut Chunk) -> *mut u8 {
+        // SAFETY: the table follows the 64-byte header inside the chunk (contract).
         unsafe { (this as *mut u8).add(TABLE) }
     }
 }
 
 /// A new chunk, or null when memory runs out.
 pub fn new_chunk() -> *mut Chunk {
-    let Some((p, _)) = heap::alloc_block(CHUNK_SHIFT, buddy::ARENA, 1) else { return core::ptr::null_mut() };
+    let Some((p, _)) = heap::alloc_block(CHUNK_SHIFT, PageKind::Arena, true) else { return core::ptr::null_mut() };
     let c = p as *mut Chunk;
     // SAFETY: a fresh 1 MiB block owned by us. The class table may hold old bytes: clear it.
     unsafe {
-        c.write(Chunk { live: AtomicUsize::new(0), bump: p as usize + FIRST });
+        c.write(Chunk { live: AtomicUsize::new(0), next_free: p as usize + FIRST });
         core::ptr::write_bytes(Chunk::table(c), 0, CHUNK_SIZE / GRANULE);
     }
     c
@@ -72,11 +76,11 @@ pub unsafe fn alloc(chunk: *mut Chunk, class: usize) -> *mut u8 {
     let align = natural_align(size);
     // SAFETY: owner-only fields of a live chunk; the object and its table byte lie inside the chunk.
     unsafe {
-        let start = ((*chunk).bump + align - 1) & !(align - 1);
+        let start = ((*chunk).next_free + align - 1) & !(align - 1);
         if start + size > chunk as usize + CHUNK_SIZE {
             return core::ptr::null_mut();
         }
-        (*chunk).bump = start + size;
+        (*chunk).next_free = start + size;
         (*chunk).live.fetch_add(1, Ordering::Relaxed);
         *Chunk::table(chunk).add((start - chunk as usize) / GRANULE) = class as u8 + 1;
         LIVE_BYTES.fetch_add(size, Ordering::Relaxed);
@@ -94,7 +98,7 @@ unsafe fn class_of(chunk: *mut Chunk, p: *mut u8) -> usize {
     // SAFETY: off < CHUNK_SIZE, so the table index is inside the table.
     let c = unsafe { *Chunk::table(chunk).add(off / GRANULE) };
     if off < FIRST || off % GRANULE != 0 || c == 0 {
-        invalid_pointer(p, b"free(): invalid pointer or double free (load arena)");
+        os::invalid_pointer(p, "free(): invalid pointer or double free (load arena)");
     }
     c as usize - 1
 }
@@ -140,7 +144,60 @@ pub unsafe fn retire(chunk: *mut Chunk) {
 /// # Safety
 /// - nobody references the chunk any more.
 unsafe fn give_back(chunk: *mut Chunk) {
-    bump(&COUNTERS.arena_chunks_released, 1);
+    stats::add(&COUNTERS.arena_chunks_released, 1);
     // SAFETY: the chunk is dead.
     unsafe { heap::free_block(chunk as *mut u8) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_bumped_found_and_the_chunk_goes_back_after_the_last_free() {
+        let c = new_chunk();
+        assert!(!c.is_null());
+        let released = COUNTERS.arena_chunks_released.load(Ordering::Relaxed);
+        // SAFETY: `c` is our current chunk until retired; the objects are live until freed.
+        unsafe {
+            let a = alloc(c, 0);
+            let b = alloc(c, 0);
+            assert_eq!(b as usize, a as usize + 16, "consecutive objects are adjacent");
+            let d = alloc(c, 5);
+            assert_eq!(d as usize % natural_align(CLASS_SIZES[5]), 0);
+            assert_eq!(usable_size(c, d), CLASS_SIZES[5]);
+            assert_eq!(usable_size(c, a), 16);
+            free(c, a);
+            free(c, d);
+            retire(c);
+            // One object is still live: the chunk stays.
+            assert_eq!(COUNTERS.arena_chunks_released.load(Ordering::Relaxed), released);
+            free(c, b);
+        }
+        assert!(COUNTERS.arena_chunks_released.load(Ordering::Relaxed) > released);
+    }
+
+    #[test]
+    fn a_full_chunk_says_so() {
+        let c = new_chunk();
+        assert!(!c.is_null());
+        let mut n = 0;
+        // SAFETY: our current chunk; every object is freed below before the chunk is retired.
+        unsafe {
+            let mut live = vec![];
+            loop {
+                let p = alloc(c, CLASS_SIZES.len() - 1);
+                if p.is_null() {
+                    break;
+                }
+                live.push(p);
+                n += 1;
+            }
+            assert_eq!(n, (CHUNK_SIZE - FIRST) / 4096);
+            for p in live {
+                free(c, p);
+            }
+            retire(c);
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! the blocks themselves: a free block may have been purged (its pages given back to the OS and reading
 //! as zero), and writing a list link into it would fault a page back in.
 
-use crate::os::PAGE;
+use crate::os::{self, PAGE};
 
 pub const PAGE_SHIFT: u32 = 12;
 /// Smallest block order (4 KiB).
@@ -16,15 +16,23 @@ pub const NORDERS: usize = (MAX_ORDER_LIMIT - MIN_ORDER + 1) as usize;
 /// "No page": end of a list.
 pub const NIL: u32 = u32::MAX;
 
-/// Page kinds. A page that is not the head of a block (interior) is `NONE`, except that every page of
-/// a slab is `SLAB` (of an arena chunk, `ARENA`) so that any interior pointer finds its block.
-pub const NONE: u8 = 0;
-pub const FREE: u8 = 1;
-pub const LARGE: u8 = 2;
-pub const SLAB: u8 = 3;
-pub const META: u8 = 4;
-/// Every page of a load-arena chunk (so that any interior pointer finds its chunk).
-pub const ARENA: u8 = 5;
+/// What a page of the region is. The page map starts zeroed, so every page starts `Interior`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageKind {
+    /// Not the head of a block: inside a block or run, or not yet committed.
+    Interior = 0,
+    /// The head of a free block (on a free list).
+    Free = 1,
+    /// The head of a large block: a run of whole pages.
+    Large = 2,
+    /// Every page of a slab, so that any interior pointer finds its slab.
+    Slab = 3,
+    /// The head of a block of the allocator's own metadata (thread caches).
+    Meta = 4,
+    /// Every page of a load-arena chunk, so that any interior pointer finds its chunk.
+    Arena = 5,
+}
 
 /// `flags` bit: the free block may hold resident (non-zero) pages.
 pub const DIRTY: u8 = 1;
@@ -39,11 +47,12 @@ pub const DIRTY: u8 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PageEntry {
-    pub kind: u8,
+    pub kind: PageKind,
     pub order: u8,
+    /// `DIRTY` or 0, for a free block.
     pub flags: u8,
-    /// Owner-defined tag of an allocated block (the phase it was allocated in).
-    pub tag: u8,
+    /// Of an allocated block's head: 1 if it was allocated inside a load phase, else 0.
+    pub load: u8,
     pub prev: u32,
     pub next: u32,
 }
@@ -89,7 +98,15 @@ const fn pages(order: u32) -> u32 {
 
 impl Buddy {
     pub const fn empty() -> Self {
-        Buddy { map: core::ptr::null_mut(), heads: [[NIL; NORDERS]; 2], nonempty: [0; 2], top: MIN_ORDER, frontier: 0, free_bytes: 0, dirty_bytes: 0 }
+        Buddy {
+            map: core::ptr::null_mut(),
+            heads: [[NIL; NORDERS]; 2],
+            nonempty: [0; 2],
+            top: MIN_ORDER,
+            frontier: 0,
+            free_bytes: 0,
+            dirty_bytes: 0,
+        }
     }
 
     /// # Safety
@@ -122,19 +139,19 @@ impl Buddy {
         unsafe { &mut *self.map.add(idx as usize) }
     }
 
-    fn set_head(&mut self, idx: u32, kind: u8, order: u32, flags: u8) {
+    fn set_head(&mut self, idx: u32, kind: PageKind, order: u32, flags: u8) {
         // SAFETY: every index passed here is below `frontier`, which `add_top` keeps inside the map.
         let e = unsafe { self.entry_mut(idx) };
         e.kind = kind;
         e.order = order as u8;
         e.flags = flags;
-        e.tag = 0;
+        e.load = 0;
     }
 
     fn push(&mut self, idx: u32, order: u32, flags: u8) {
         let (l, h) = (list(flags), (order - MIN_ORDER) as usize);
         let old = self.heads[l][h];
-        self.set_head(idx, FREE, order, flags);
+        self.set_head(idx, PageKind::Free, order, flags);
         // SAFETY: idx and old (if not NIL) are block heads below `frontier`.
         unsafe {
             let e = self.entry_mut(idx);
@@ -169,7 +186,7 @@ impl Buddy {
             if e.next != NIL {
                 self.entry_mut(e.next).prev = e.prev;
             }
-            self.entry_mut(idx).kind = NONE;
+            self.entry_mut(idx).kind = PageKind::Interior;
             let bytes = (pages(e.order as u32) as usize) * PAGE;
             self.free_bytes -= bytes;
             if e.flags & DIRTY != 0 {
@@ -178,9 +195,11 @@ impl Buddy {
         }
     }
 
-    /// Adds a new top-order block at page `idx` (freshly committed, hence clean). The caller guarantees
-    /// that the page map covers it.
-    pub fn add_top(&mut self, idx: u32) {
+    /// Adds a new top-order block at page `idx` (freshly committed, hence clean).
+    ///
+    /// # Safety
+    /// - `idx == frontier`, and the page map given to [`Buddy::init`] covers the new block's pages.
+    pub unsafe fn add_top(&mut self, idx: u32) {
         debug_assert!(idx == self.frontier);
         self.frontier = idx + pages(self.top);
         self.push(idx, self.top, 0);
@@ -199,7 +218,7 @@ impl Buddy {
     /// Resident memory comes first: the smallest dirty block that fits, split if larger, and only
     /// when there is none the smallest clean one. Reusing a dirty block costs no page faults and adds
     /// nothing to the resident set.
-    pub fn alloc(&mut self, order: u32, kind: u8) -> Option<(u32, bool)> {
+    pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, bool)> {
         let (l, mut o) = match self.smallest(1, order) {
             Some(o) => (1, o),
             None => (0, self.smallest(0, order)?),
@@ -218,11 +237,16 @@ impl Buddy {
 
     /// Releases the allocated block at `idx` of `order` and merges it with free buddies. Returns the
     /// head and order of the resulting free block.
-    pub fn free(&mut self, mut idx: u32, mut order: u32, flags: u8) -> (u32, u32) {
+    ///
+    /// # Safety
+    /// - Pages `idx .. idx + 2^(order - MIN_ORDER)` are below `frontier`, aligned to their size, and
+    ///   allocated (a block, or part of a run) to the caller, who gives them up. (Freeing pages that
+    ///   are already free would put them on two lists and hand them out twice.)
+    pub unsafe fn free(&mut self, mut idx: u32, mut order: u32, flags: u8) -> (u32, u32) {
         // If the block merges with a buddy below it, its head becomes an interior page: clear its kind
         // now so that no stale `LARGE`/`SLAB` entry is left for a later (invalid) free to find.
         // SAFETY: idx is an allocated head below frontier (caller's contract).
-        unsafe { self.entry_mut(idx).kind = NONE };
+        unsafe { self.entry_mut(idx).kind = PageKind::Interior };
         while order < self.top {
             let b = idx ^ pages(order);
             if b >= self.frontier {
@@ -232,7 +256,7 @@ impl Buddy {
             let e = unsafe { self.entry(b) };
             // Only blocks in the same state merge (as jemalloc coalesces only within one state): a
             // merged block's `DIRTY` flag then stays exact, and `dirty_bytes` is what is resident.
-            if e.kind != FREE || e.order as u32 != order || (e.flags ^ flags) & DIRTY != 0 {
+            if e.kind != PageKind::Free || e.order as u32 != order || (e.flags ^ flags) & DIRTY != 0 {
                 break;
             }
             self.unlink(b);
@@ -251,12 +275,18 @@ impl Buddy {
     }
 
     /// Frees the pages `[start, end)` as the aligned blocks that tile them, each merged with free
-    /// buddies. The pages are allocated (or interior pages of an allocation) and `start < end`.
-    pub fn release_range(&mut self, start: u32, end: u32, flags: u8) {
+    /// buddies.
+    ///
+    /// # Safety
+    /// - `start < end <= frontier`, and every page of `[start, end)` is allocated to the caller (a
+    ///   block, a run or part of one), who gives them up.
+    pub unsafe fn release_range(&mut self, start: u32, end: u32, flags: u8) {
         let mut i = start;
         while i < end {
             let o = self.fit_order(i, end);
-            self.free(i, o, flags);
+            // SAFETY: the aligned block [i, i + 2^o) lies inside [start, end) (fit_order), allocated
+            // to the caller (contract).
+            unsafe { self.free(i, o, flags) };
             i += pages(o);
         }
     }
@@ -271,9 +301,10 @@ impl Buddy {
         if order > self.top {
             return None;
         }
-        let (idx, dirty) = self.alloc(order, LARGE)?;
+        let (idx, dirty) = self.alloc(order, PageKind::Large)?;
         if n < pages(order) {
-            self.release_range(idx + n, idx + pages(order), if dirty { DIRTY } else { 0 });
+            // SAFETY: the tail of the block just allocated to us, below frontier.
+            unsafe { self.release_range(idx + n, idx + pages(order), if dirty { DIRTY } else { 0 }) };
         }
         // SAFETY: idx is the head just allocated, below frontier.
         unsafe { self.entry_mut(idx).next = n };
@@ -290,10 +321,16 @@ impl Buddy {
     }
 
     /// Frees the run whose head is `idx`.
-    pub fn free_run(&mut self, idx: u32) {
-        // SAFETY: idx is the head of a live run (caller's contract), below frontier.
-        let n = unsafe { self.run_pages(idx) };
-        self.release_range(idx, idx + n, DIRTY);
+    ///
+    /// # Safety
+    /// - `idx` is the head of a live run from [`Buddy::alloc_run`], which the caller gives up.
+    pub unsafe fn free_run(&mut self, idx: u32) {
+        // SAFETY: idx is the head of a live run (caller's contract), below frontier; its pages are
+        // the caller's.
+        unsafe {
+            let n = self.run_pages(idx);
+            self.release_range(idx, idx + n, DIRTY);
+        }
     }
 
     /// The free block that contains page `i`, if any: its head and order.
@@ -305,18 +342,22 @@ impl Buddy {
             let h = i & !(pages(o) - 1);
             // SAFETY: h <= i < frontier.
             let e = unsafe { self.entry(h) };
-            (e.kind == FREE && e.order as u32 == o).then_some((h, o))
+            (e.kind == PageKind::Free && e.order as u32 == o).then_some((h, o))
         })
     }
 
     /// Resizes the run at `idx` to `m` pages in place: shrinking frees the pages beyond `m`; growing
     /// claims the free pages right after the run (splitting the free blocks that hold them) and fails,
     /// changing nothing, if any of them is not free.
-    pub fn resize_run(&mut self, idx: u32, m: u32) -> bool {
+    ///
+    /// # Safety
+    /// - `idx` is the head of a live run from [`Buddy::alloc_run`] owned by the caller; `m >= 1`.
+    pub unsafe fn resize_run(&mut self, idx: u32, m: u32) -> bool {
         // SAFETY: idx is the head of a live run (caller's contract).
         let n = unsafe { self.run_pages(idx) };
         if m < n {
-            self.release_range(idx + m, idx + n, DIRTY);
+            // SAFETY: the run's pages beyond `m` are the caller's.
+            unsafe { self.release_range(idx + m, idx + n, DIRTY) };
         } else if m > n {
             let end = idx + m;
             let mut i = idx + n;
@@ -329,13 +370,14 @@ impl Buddy {
             }
             let mut i = idx + n;
             while i < end {
-                let (h, o) = self.free_block_at(i).expect("checked free above");
+                let Some((h, o)) = self.free_block_at(i) else { os::broken("resize_run: a page checked free is not") };
                 // SAFETY: h is a free head below frontier.
                 let flags = unsafe { self.entry(h).flags };
                 self.unlink(h);
                 let hi = h + pages(o);
                 if hi > end {
-                    self.release_range(end, hi, flags);
+                    // SAFETY: [end, hi) is the tail of the free block just unlinked, so ours to free.
+                    unsafe { self.release_range(end, hi, flags) };
                 }
                 i = hi.min(end);
             }
@@ -365,7 +407,8 @@ impl Buddy {
                     // The OS refused: leave this order's blocks dirty rather than retry forever.
                     break;
                 }
-                self.mark_clean(idx);
+                // SAFETY: idx heads a list of free blocks, so it is a free head below frontier.
+                unsafe { self.mark_clean(idx) };
                 cleaned += (pages(order) as usize) * PAGE;
             }
         }
@@ -374,13 +417,17 @@ impl Buddy {
 
     /// Marks the free block at `idx` clean after a successful purge, and merges it with its clean
     /// buddies.
-    pub fn mark_clean(&mut self, idx: u32) {
+    ///
+    /// # Safety
+    /// - `idx` is the head of a free block below `frontier` whose pages really read as zero now.
+    unsafe fn mark_clean(&mut self, idx: u32) {
         // SAFETY: idx is a free head below frontier (caller's contract, checked in debug).
         let e = unsafe { self.entry(idx) };
-        debug_assert!(e.kind == FREE);
+        debug_assert!(e.kind == PageKind::Free);
         if e.flags & DIRTY != 0 {
             self.unlink(idx);
-            self.free(idx, e.order as u32, e.flags & !DIRTY);
+            // SAFETY: unlinked, the block is allocated to us (no list holds it).
+            unsafe { self.free(idx, e.order as u32, e.flags & !DIRTY) };
         }
     }
 
@@ -399,7 +446,7 @@ impl Buddy {
                 }
                 // SAFETY: idx < frontier.
                 let e = unsafe { self.entry(idx) };
-                if e.kind != FREE || e.order as u32 != order {
+                if e.kind != PageKind::Free || e.order as u32 != order {
                     return Err("list member is not a free head of the list's order");
                 }
                 if e.prev != prev {
@@ -437,10 +484,10 @@ impl Buddy {
         while idx < self.frontier {
             // SAFETY: idx < frontier.
             let e = unsafe { self.entry(idx) };
-            if !matches!(e.kind, FREE | LARGE | SLAB | META | ARENA) {
+            if !matches!(e.kind, PageKind::Free | PageKind::Large | PageKind::Slab | PageKind::Meta | PageKind::Arena) {
                 return Err("page inside the frontier is not covered by a block head");
             }
-            if e.kind == LARGE {
+            if e.kind == PageKind::Large {
                 if e.next == 0 || e.next > self.frontier - idx {
                     return Err("bad run length");
                 }
@@ -451,12 +498,12 @@ impl Buddy {
             if !(MIN_ORDER..=self.top).contains(&o) || idx % pages(o) != 0 {
                 return Err("bad block order");
             }
-            if e.kind == FREE && o < self.top {
+            if e.kind == PageKind::Free && o < self.top {
                 let b = idx ^ pages(o);
                 if b < self.frontier {
                     // SAFETY: b < frontier.
                     let be = unsafe { self.entry(b) };
-                    if be.kind == FREE && be.order as u32 == o && (be.flags ^ e.flags) & DIRTY == 0 {
+                    if be.kind == PageKind::Free && be.order as u32 == o && (be.flags ^ e.flags) & DIRTY == 0 {
                         return Err("two free buddies in the same state not merged");
                     }
                 }
@@ -470,15 +517,35 @@ impl Buddy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use PageKind::{Interior as NONE, Meta as META, Slab as SLAB};
+
+    // The tests give back only blocks and runs they allocated, each once, and add top blocks at the
+    // frontier of a map that covers them: the contracts of the unsafe functions hold.
+    fn free(b: &mut Buddy, idx: u32, order: u32, flags: u8) -> (u32, u32) {
+        // SAFETY: see above.
+        unsafe { b.free(idx, order, flags) }
+    }
+    fn free_run(b: &mut Buddy, idx: u32) {
+        // SAFETY: see above.
+        unsafe { b.free_run(idx) }
+    }
+    fn resize_run(b: &mut Buddy, idx: u32, m: u32) -> bool {
+        // SAFETY: see above.
+        unsafe { b.resize_run(idx, m) }
+    }
+    fn add_top(b: &mut Buddy, idx: u32) {
+        // SAFETY: see above.
+        unsafe { b.add_top(idx) }
+    }
 
     fn with_buddy(top: u32, tops: u32, f: impl FnOnce(&mut Buddy)) {
         let n = (tops * pages(top)) as usize;
-        let mut map = vec![PageEntry { kind: 0, order: 0, flags: 0, tag: 0, prev: 0, next: 0 }; n];
+        let mut map = vec![PageEntry { kind: NONE, order: 0, flags: 0, load: 0, prev: 0, next: 0 }; n];
         let mut b = Buddy::empty();
         // SAFETY: the vector is zeroed and covers `tops` top blocks; it outlives `b` inside this call.
         unsafe { b.init(map.as_mut_ptr(), top) };
         for t in 0..tops {
-            b.add_top(t * pages(top));
+            add_top(&mut b, t * pages(top));
         }
         f(&mut b);
         drop(map);
@@ -497,7 +564,7 @@ mod tests {
                 b.check().unwrap();
             }
             for (idx, o) in got.into_iter().rev() {
-                b.free(idx, o, DIRTY);
+                free(b, idx, o, DIRTY);
                 b.check().unwrap();
             }
             assert_eq!(b.free_bytes, total);
@@ -519,19 +586,19 @@ mod tests {
             // Two top blocks; dirty a 64 KiB block and a 256 KiB block in the second one.
             let (x, _) = b.alloc(20, META).unwrap();
             let (y, _) = b.alloc(20, META).unwrap();
-            b.free(x, 20, 0);
+            free(b, x, 20, 0);
             let (big, _) = b.alloc(18, META).unwrap();
             let (small, _) = b.alloc(16, META).unwrap();
-            b.free(y, 20, 0);
-            b.free(big, 18, DIRTY);
-            b.free(small, 16, DIRTY);
+            free(b, y, 20, 0);
+            free(b, big, 18, DIRTY);
+            free(b, small, 16, DIRTY);
             b.check().unwrap();
             // Dirty blocks do not merge with clean buddies: exactly the freed bytes are dirty.
             assert_eq!(b.dirty_bytes, (256 + 64) << 10);
             // A 4 KiB request is carved from dirty memory although clean blocks are free.
             let (p, dirty) = b.alloc(12, META).unwrap();
             assert!(dirty);
-            b.free(p, 12, DIRTY);
+            free(b, p, 12, DIRTY);
             // Purging 4 KiB takes the smallest dirty block, in one call.
             let mut calls = vec![];
             let cleaned = b.purge(4096, |i, o| {
@@ -544,7 +611,7 @@ mod tests {
             // Once clean, the block merges with its clean buddies.
             let (q, dirty) = b.alloc(19, META).unwrap();
             assert!(!dirty);
-            b.free(q, 19, 0);
+            free(b, q, 19, 0);
             b.check().unwrap();
             // A refused purge leaves the block dirty and stops.
             let d = b.dirty_bytes;
@@ -564,7 +631,7 @@ mod tests {
             assert_eq!(v.len(), 16);
             assert!(b.alloc(12, META).is_none());
             for i in v {
-                b.free(i, 12, 0);
+                free(b, i, 12, 0);
             }
             b.check().unwrap();
             assert!(b.alloc(16, META).is_some());
@@ -583,19 +650,19 @@ mod tests {
             // The tail is reusable: a 1-page run lands right after the run.
             let (c, _) = b.alloc_run(1, MIN_ORDER).unwrap();
             assert_eq!(c, 5);
-            assert!(!b.resize_run(a, 6)); // page 5 is taken
-            b.free_run(c);
-            assert!(b.resize_run(a, 20)); // claims pages 5..20 across block boundaries
+            assert!(!resize_run(b, a, 6)); // page 5 is taken
+            free_run(b, c);
+            assert!(resize_run(b, a, 20)); // claims pages 5..20 across block boundaries
             b.check().unwrap();
             assert_eq!(b.free_bytes, total - 20 * PAGE);
-            assert!(b.resize_run(a, 3));
+            assert!(resize_run(b, a, 3));
             b.check().unwrap();
             assert_eq!(b.free_bytes, total - 3 * PAGE);
             // Alignment beyond the size.
             let (d, _) = b.alloc_run(1, MIN_ORDER + 4).unwrap();
             assert_eq!(d % 16, 0);
-            b.free_run(d);
-            b.free_run(a);
+            free_run(b, d);
+            free_run(b, a);
             b.check().unwrap();
             assert_eq!(b.free_bytes, total);
             // Purged, everything merges back into the top block.
@@ -610,9 +677,9 @@ mod tests {
             let (lo, _) = b.alloc(12, SLAB).unwrap();
             let (hi, _) = b.alloc(12, SLAB).unwrap();
             assert_eq!((lo, hi), (0, 1));
-            b.free(lo, 12, DIRTY);
-            b.free(hi, 12, DIRTY); // merges into the block at page 0
-            // SAFETY: page 1 is inside the map.
+            free(b, lo, 12, DIRTY);
+            free(b, hi, 12, DIRTY); // merges into the block at page 0
+                                    // SAFETY: page 1 is inside the map.
             assert_eq!(unsafe { b.entry(1) }.kind, NONE);
             b.check().unwrap();
         });
@@ -645,14 +712,14 @@ mod tests {
                     let k = (rnd() as usize) % live.len();
                     let (i, o) = live[k];
                     if o == 0 && r % 5 == 1 {
-                        b.resize_run(i, 1 + (rnd() % 60) as u32);
+                        resize_run(b, i, 1 + (rnd() % 60) as u32);
                         continue;
                     }
                     live.swap_remove(k);
                     if o == 0 {
-                        b.free_run(i);
+                        free_run(b, i);
                     } else {
-                        b.free(i, o, if rnd() % 2 == 0 { DIRTY } else { 0 });
+                        free(b, i, o, if rnd() % 2 == 0 { DIRTY } else { 0 });
                     }
                 }
                 if step % 500 == 0 {
@@ -667,9 +734,9 @@ mod tests {
             }
             for (i, o) in live.drain(..) {
                 if o == 0 {
-                    b.free_run(i);
+                    free_run(b, i);
                 } else {
-                    b.free(i, o, 0);
+                    free(b, i, o, 0);
                 }
             }
             b.check().unwrap();

@@ -7,7 +7,10 @@
 use core::ffi::{c_char, c_int, c_void};
 
 use crate::global;
+use crate::heap;
 use crate::os;
+use crate::phase;
+use crate::stats;
 
 const MIN_ALIGN: usize = 16;
 const PTRDIFF_MAX: usize = isize::MAX as usize;
@@ -195,7 +198,7 @@ pub struct Mallinfo {
 /// mappings, `uordblks` = bytes in allocated heap blocks (slabs counted whole) plus direct mappings,
 /// `fordblks` = free heap bytes, `keepcost` = free bytes still resident, `usmblks` = peak OS bytes.
 pub fn mallinfo2() -> Mallinfo2 {
-    let s = crate::stats();
+    let s = heap::stats();
     let c = s.counters;
     Mallinfo2 {
         arena: s.committed_bytes,
@@ -231,7 +234,7 @@ pub fn mallinfo() -> Mallinfo {
 
 /// `malloc_trim(pad)`: returns free memory to the OS; 1 if any was released, else 0.
 pub fn malloc_trim(_pad: usize) -> c_int {
-    c_int::from(crate::trim() > 0)
+    c_int::from(global::trim() > 0)
 }
 
 /// `mallopt(param, value)`: accepted and ignored (edgepool is tuned by `EDGEPOOL_*`); returns 1 as glibc
@@ -242,29 +245,7 @@ pub fn mallopt(_param: c_int, _value: c_int) -> c_int {
 
 /// Writes the statistics report to `fd`, without allocating.
 pub fn write_stats(fd: c_int) {
-    let s = crate::stats();
-    let mut m = os::MsgBuf::new();
-    let out = |m: &os::MsgBuf| {
-        let b = m.as_bytes();
-        // SAFETY: the buffer is valid for its length.
-        unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
-    };
-    m.str("edgepool statistics\n");
-    out(&m);
-    let figures = [
-        ("os_bytes", s.os_bytes),
-        ("peak_os_bytes", s.peak_os_bytes),
-        ("committed_bytes", s.committed_bytes),
-        ("free_bytes", s.free_bytes),
-        ("dirty_free_bytes", s.dirty_free_bytes),
-        ("slab_bytes", s.slab_bytes),
-        ("limit_bytes", s.limit_bytes),
-    ];
-    for (name, v) in figures.into_iter().chain(s.counters.fields()) {
-        let mut m = os::MsgBuf::new();
-        m.str("  ").str(name).str(" ").num(v as u64).str("\n");
-        out(&m);
-    }
+    stats::write_report(fd, &heap::stats());
 }
 
 /// `malloc_stats()`: the statistics report on stderr (glibc prints there too).
@@ -281,7 +262,7 @@ pub unsafe fn malloc_info(options: c_int, stream: *mut libc::FILE) -> c_int {
         os::set_errno(libc::EINVAL);
         return -1;
     }
-    let s = crate::stats();
+    let s = heap::stats();
     let mut m = os::MsgBuf::new();
     m.str("<malloc version=\"edgepool-").str(env!("CARGO_PKG_VERSION")).str("\">\n");
     m.str("<total type=\"committed\" size=\"").num(s.committed_bytes as u64).str("\"/>\n");
@@ -289,10 +270,9 @@ pub unsafe fn malloc_info(options: c_int, stream: *mut libc::FILE) -> c_int {
     m.str("<total type=\"free\" size=\"").num(s.free_bytes as u64).str("\"/>\n");
     m.str("<total type=\"mmap\" count=\"").num((s.counters.direct_allocs - s.counters.direct_frees) as u64);
     m.str("\" size=\"").num(s.counters.direct_bytes as u64).str("\"/>\n</malloc>\n");
-    let b = m.as_bytes();
     // SAFETY: stream is a valid FILE* (caller); stdio may allocate, which re-enters a ready allocator
     // holding no lock.
-    unsafe { libc::fwrite(b.as_ptr().cast(), 1, b.len(), stream) };
+    unsafe { os::write_file(stream, m.as_bytes()) };
     0
 }
 
@@ -311,7 +291,7 @@ pub struct PhaseReportC {
 
 /// `edgepool_load_begin()`: opens (or nests) the process-wide load phase.
 pub fn load_begin() {
-    crate::c_phase::begin();
+    phase::c_begin();
 }
 
 /// `edgepool_load_end(out)`: ends the innermost phase opened by `edgepool_load_begin` (or by
@@ -321,7 +301,7 @@ pub fn load_begin() {
 /// # Safety
 /// - `out` is NULL or valid for a write.
 pub unsafe fn load_end(out: *mut PhaseReportC) -> c_int {
-    let Some(r) = crate::c_phase::end() else {
+    let Some(r) = phase::c_end() else {
         os::set_errno(libc::EINVAL);
         return -1;
     };

@@ -1,20 +1,40 @@
-//! Routing: which part of the allocator serves a request, and who owns a pointer. The one place each
-//! of these questions is answered; `GlobalAlloc` and the C API both call in here.
+//! Routing: which part of the allocator serves a request. `GlobalAlloc` and the C API both call in
+//! here; who owns a pointer is answered by `owner`.
 //!
-//! Owner of a pointer `p`:
-//! - inside the heap region: the page map says `SLAB` (slab = `p` rounded down to 64 KiB) or `LARGE`
-//!   (a buddy block starting exactly at `p`); anything else is not a live block;
-//! - outside: a direct mapping if the direct table knows it; otherwise not ours.
+//! - a small request (≤ 4 KiB, alignment ≤ 4 KiB) goes to the thread cache: its fast path, or on a
+//!   miss [`small_slow`], which also polls the start-up phase trigger;
+//! - a large one (up to the largest buddy block) to the heap, as a run of whole pages;
+//! - anything larger to a direct mapping.
 
 use core::alloc::{GlobalAlloc, Layout};
+use core::sync::atomic::Ordering;
 
-use crate::buddy;
 use crate::cache;
+use crate::direct;
 use crate::heap;
-use crate::os::PAGE;
-use crate::size_class::{class_for, class_of, SLAB_SIZE, SMALL_MAX};
-use crate::slab::{invalid_pointer, Slab};
-use crate::stats::{bump, COUNTERS};
+use crate::os::{self, PAGE};
+use crate::owner::{self, Owner};
+use crate::phase;
+use crate::size_class::{class_for, class_of, SMALL_MAX};
+use crate::stats::{self, COUNTERS};
+
+/// A slot of `class` from the calling thread's cache: the fast path, else the slow path.
+#[inline(always)]
+fn small(class: usize) -> *mut u8 {
+    match cache::alloc_fast(class) {
+        Some(p) => p.as_ptr(),
+        None => small_slow(class),
+    }
+}
+
+/// The small-object slow path: the start-up phase's trigger is polled here (the phase layer sits
+/// above the caches), then the cache refills.
+#[cold]
+#[inline(never)]
+fn small_slow(class: usize) -> *mut u8 {
+    phase::poll_trigger();
+    cache::alloc_slow(class)
+}
 
 /// Allocates `size` bytes aligned to `align` (a power of two). Returns null on failure. `size == 0`
 /// is served as 1 byte.
@@ -22,7 +42,7 @@ use crate::stats::{bump, COUNTERS};
 pub fn alloc(size: usize, align: usize) -> *mut u8 {
     // One unsigned compare sends 0 and everything beyond SMALL_MAX to the general path.
     if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
-        return cache::alloc_small(class_of(size));
+        return small(class_of(size));
     }
     alloc_general(size, align, false)
 }
@@ -47,7 +67,7 @@ const PREFAULT_MIN: usize = 256 << 10;
 fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -> *mut u8 {
     let size = size.max(1);
     if let Some(c) = class_for(size, align) {
-        let p = cache::alloc_small(c);
+        let p = small(c);
         if zeroed && !p.is_null() {
             // SAFETY: the slot holds at least `size` writable bytes.
             unsafe { core::ptr::write_bytes(p, 0, size) };
@@ -62,17 +82,17 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
     }
     let max = heap::max_block();
     if size <= max && align <= max {
-        let load = crate::phase::current_is_load();
-        return match heap::alloc_large(size, align, u8::from(load)) {
+        let load = cache::current_is_load();
+        return match heap::alloc_large(size, align, load) {
             Some((p, dirty, bytes)) => {
-                bump(&COUNTERS.large_allocs, 1);
+                stats::add(&COUNTERS.large_allocs, 1);
                 if load && prefault && !zeroed && !dirty && bytes >= PREFAULT_MIN && heap::load_prefault() {
                     // SAFETY: a fresh, page-aligned, read-write run of `bytes` that this call owns.
-                    unsafe { crate::os::populate(p, bytes) };
+                    unsafe { os::populate(p, bytes) };
                 }
                 if load {
-                    crate::phase::LOAD_LARGE_ALLOCS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-                    bump(&crate::phase::LOAD_LARGE_LIVE, bytes);
+                    phase::LOAD_LARGE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+                    stats::add(&phase::LOAD_LARGE_LIVE, bytes);
                 }
                 if zeroed && dirty {
                     // SAFETY: the block holds at least `size` bytes.
@@ -84,14 +104,14 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
         };
     }
     // Fresh mappings are zero: nothing to clear.
-    heap::direct_alloc(size, align)
+    direct::alloc(size, align)
 }
 
 /// Allocates zeroed memory.
 #[inline]
 pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
     if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
-        let p = cache::alloc_small(class_of(size));
+        let p = small(class_of(size));
         if !p.is_null() {
             // SAFETY: the slot holds at least `size` bytes.
             unsafe { core::ptr::write_bytes(p, 0, size) };
@@ -101,54 +121,15 @@ pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
     alloc_general(size, align, true)
 }
 
-/// What a pointer is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Owner {
-    Slab(*mut Slab),
-    Arena(*mut crate::arena::Chunk),
-    Large,
-    Direct,
-    /// Not a live block of ours.
-    Unknown,
-}
-
-/// Finds the owner of `p` (not null).
-#[inline(always)]
-pub fn owner(p: *mut u8) -> Owner {
-    let a = p as usize;
-    if heap::in_region(a) {
-        // SAFETY: `a` is inside the region.
-        let kind = unsafe { (*heap::page_entry(a)).kind };
-        if kind == buddy::SLAB {
-            return Owner::Slab((a & !(SLAB_SIZE - 1)) as *mut Slab);
-        }
-        if kind == buddy::ARENA {
-            return Owner::Arena((a & !(crate::arena::CHUNK_SIZE - 1)) as *mut crate::arena::Chunk);
-        }
-        if kind == buddy::LARGE && a & (PAGE - 1) == 0 {
-            return Owner::Large;
-        }
-        return Owner::Unknown;
-    }
-    if heap::is_ready() && heap::direct_size(p).is_some() {
-        return Owner::Direct;
-    }
-    Owner::Unknown
-}
-
 /// Frees `p` (null is a no-op). Aborts with a message on a pointer that is not a live block.
 ///
 /// # Safety
 /// - `p` is null or was returned by this allocator and not freed since.
 #[inline(always)]
 pub unsafe fn free(p: *mut u8) {
-    let a = p as usize;
-    if heap::in_region(a) {
-        // SAFETY: `a` is inside the region.
-        if unsafe { (*heap::page_entry(a)).kind } == buddy::SLAB {
-            // SAFETY: the page belongs to a live slab, which starts at the 64 KiB boundary below.
-            return unsafe { cache::free_small(p, (a & !(SLAB_SIZE - 1)) as *mut Slab) };
-        }
+    if let Some(Owner::Slab(s)) = owner::in_heap(p) {
+        // SAFETY: the page belongs to a live slab, which starts at the 64 KiB boundary below `p`.
+        return unsafe { cache::free_small(p, s) };
     }
     // SAFETY: forwarded contract.
     unsafe { free_general(p) }
@@ -160,23 +141,22 @@ unsafe fn free_general(p: *mut u8) {
     if p.is_null() {
         return;
     }
-    match owner(p) {
+    match owner::in_heap(p) {
         // SAFETY: caller's contract: a live block.
-        Owner::Slab(s) => unsafe { cache::free_small(p, s) },
+        Some(Owner::Slab(s)) => unsafe { cache::free_small(p, s) },
         // SAFETY: caller's contract: a live arena object.
-        Owner::Arena(c) => unsafe { crate::arena::free(c, p) },
-        Owner::Large => {
-            bump(&COUNTERS.large_frees, 1);
-            // SAFETY: a live large block head.
-            let (tag, size) = unsafe { heap::free_block(p) };
-            if tag != 0 {
-                crate::stats::drop_by(&crate::phase::LOAD_LARGE_LIVE, size);
+        Some(Owner::Arena(c)) => unsafe { crate::arena::free(c, p) },
+        Some(Owner::Large) => {
+            stats::add(&COUNTERS.large_frees, 1);
+            // SAFETY: a live large block head, given up by the caller.
+            let (load, size) = unsafe { heap::free_block(p) };
+            if load {
+                stats::sub(&phase::LOAD_LARGE_LIVE, size);
             }
         }
-        Owner::Direct => {
-            heap::direct_free(p);
-        }
-        Owner::Unknown => invalid_pointer(p, b"free(): invalid pointer or double free"),
+        // Outside the heap: a direct mapping, found and removed in one look-up.
+        None if heap::is_ready() && direct::free(p) => {}
+        _ => os::invalid_pointer(p, "free(): invalid pointer or double free"),
     }
 }
 
@@ -188,15 +168,15 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
     if p.is_null() {
         return 0;
     }
-    match owner(p) {
+    match owner::owner(p) {
         // SAFETY: a live slab's header is immutable after init.
         Owner::Slab(s) => unsafe { (*s).size as usize },
         // SAFETY: a live arena object.
         Owner::Arena(c) => unsafe { crate::arena::usable_size(c, p) },
         // SAFETY: a live large block head.
         Owner::Large => unsafe { heap::block_size(p) },
-        Owner::Direct => heap::direct_size(p).unwrap_or(0),
-        Owner::Unknown => invalid_pointer(p, b"malloc_usable_size(): invalid pointer"),
+        Owner::Direct(len) => len,
+        Owner::Unknown => os::invalid_pointer(p, "malloc_usable_size(): invalid pointer"),
     }
 }
 
@@ -207,7 +187,7 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
 /// - `p` is a live block of this allocator, allocated with alignment `align`.
 pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
     let new_size = new_size.max(1);
-    let old = match owner(p) {
+    let old = match owner::owner(p) {
         Owner::Slab(s) => {
             // SAFETY: live slab header.
             let usable = unsafe { (*s).size as usize };
@@ -230,14 +210,14 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             if new_size > SMALL_MAX && new_size <= heap::max_block() {
                 // SAFETY: a live large block head owned by the caller (its alignment is kept).
                 if let Some(now) = unsafe { heap::resize_in_place(p, new_size) } {
-                    bump(&COUNTERS.large_realloc_in_place, 1);
-                    // SAFETY: still a live large block head; its tag says which phase allocated it.
-                    if unsafe { (*heap::page_entry(p as usize)).tag } != 0 {
-                        let live = &crate::phase::LOAD_LARGE_LIVE;
+                    stats::add(&COUNTERS.large_realloc_in_place, 1);
+                    // SAFETY: still a live large block head of the caller.
+                    if unsafe { heap::is_load_block(p) } {
+                        let live = &phase::LOAD_LARGE_LIVE;
                         if now > usable {
-                            bump(live, now - usable);
+                            stats::add(live, now - usable);
                         } else {
-                            crate::stats::drop_by(live, usable - now);
+                            stats::sub(live, usable - now);
                         }
                     }
                     return p;
@@ -245,20 +225,20 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             }
             usable
         }
-        Owner::Direct => {
-            let len = heap::direct_size(p).unwrap_or(0);
+        Owner::Direct(len) => {
             if new_size <= len && new_size > len / 2 {
                 return p;
             }
             if new_size > heap::max_block() && align <= PAGE {
-                let q = heap::direct_realloc(p, new_size);
+                // SAFETY: a live direct mapping of `len` bytes owned by the caller.
+                let q = unsafe { direct::realloc(p, len, new_size) };
                 if !q.is_null() {
                     return q;
                 }
             }
             len
         }
-        Owner::Unknown => invalid_pointer(p, b"realloc(): invalid pointer"),
+        Owner::Unknown => os::invalid_pointer(p, "realloc(): invalid pointer"),
     };
     let q = alloc_general_with(new_size, align, false, false);
     if q.is_null() {
@@ -270,6 +250,13 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
         free(p);
     }
     q
+}
+
+/// Returns free memory to the OS: applies pending frees held by exited threads' caches, then purges
+/// every free heap page. Returns the bytes purged.
+pub fn trim() -> usize {
+    cache::collect_abandoned();
+    heap::trim()
 }
 
 /// The allocator, for `#[global_allocator]`.

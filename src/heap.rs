@@ -7,8 +7,10 @@
 //! touched mapping) records every block's order and kind, so a pointer's owner is found with one range
 //! check and one load, and large blocks stay page aligned at no cost in user memory.
 //!
-//! Concurrency: the buddy structure is guarded by `HEAP.lock`; direct mappings by `DIRECT.lock`. The
-//! region bounds and the page map pointer are published once at initialisation and read lock-free.
+//! Concurrency: the buddy structure, the purge state and the budget are guarded by `sync::HEAP` (see
+//! the lock order in `sync`). The region bounds and the page map pointer are published once at
+//! initialisation (release) and read lock-free (acquire), see [`Region`]. Direct mappings (beyond the
+//! largest block) live in `direct`, which asks the heap for the budget.
 //!
 //! Large blocks are *runs* of whole pages: a request takes the smallest buddy block that holds it and
 //! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
@@ -30,18 +32,25 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
-use crate::buddy::{self, Buddy, PageEntry, DIRTY, MIN_ORDER};
+use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER};
+use crate::init;
 use crate::options::{self, Values};
 use crate::os::{self, PAGE};
-use crate::stats::{bump, drop_by, Stats, COUNTERS};
-use crate::sync::RawLock;
+use crate::phase_state;
+use crate::stats::{self, Stats, COUNTERS};
+use crate::sync;
 
 const UNINIT: u8 = 0;
 const READY: u8 = 1;
 const FAILED: u8 = 2;
 
-/// Region bounds and page map, published once by [`init`] and read lock-free by every `free`. Before
-/// that `span == 0`, so no pointer is "in the heap". One cache line, read-mostly.
+/// Region bounds and page map, published once by [`ensure_init`] and read lock-free by every `free`.
+/// Before that `span == 0`, so no pointer is "in the heap". One cache line, read-mostly.
+///
+/// Publication: `base` and `map` are stored first, then `span` with release ordering; every reader
+/// loads `span` with acquire ordering first ([`page_kind`]), so a reader that sees a non-zero span
+/// also sees the `base` and `map` stored before it (an acquire load is a plain load on x86 and arm64
+/// with LSE: the fast path pays nothing for it).
 #[repr(C, align(64))]
 struct Region {
     base: AtomicUsize,
@@ -52,11 +61,16 @@ struct Region {
 static REGION: Region =
     Region { base: AtomicUsize::new(0), span: AtomicUsize::new(0), map: AtomicPtr::new(core::ptr::null_mut()) };
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// Size of the largest buddy block, published by [`init`] (0 before).
+/// Size of the largest buddy block, published by [`ensure_init`] (0 before).
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
-/// `EDGEPOOL_LOAD_PREFAULT`, published by [`init`].
+/// `EDGEPOOL_LOAD_PREFAULT`, published by [`ensure_init`].
 static LOAD_PREFAULT: AtomicBool = AtomicBool::new(false);
 
+/// The heap's state behind its lock.
+///
+/// Invariants: `buddy` covers the committed pages `[base, base + frontier * PAGE)` of the region;
+/// `peak >= os_bytes()` since the last [`reset_peak`]; `over_since` is 0 exactly when the dirty free
+/// bytes were within the threshold at the last decay check.
 struct Inner {
     buddy: Buddy,
     opts: Values,
@@ -70,26 +84,29 @@ struct Inner {
     peak: usize,
 }
 
-/// The buddy heap and its lock.
-struct Heap {
-    lock: RawLock,
-    inner: UnsafeCell<Inner>,
-}
+/// The buddy heap's state; its lock is `sync::HEAP`.
+struct Heap(UnsafeCell<Inner>);
 
-// SAFETY: `inner` is only accessed while `lock` is held (see `with_heap`).
+// SAFETY: the state is only accessed while `sync::HEAP` is held (see `with_heap`).
 unsafe impl Sync for Heap {}
 
-static HEAP: Heap = Heap {
-    lock: RawLock::new(),
-    inner: UnsafeCell::new(Inner { buddy: Buddy::empty(), opts: Values::defaults(), retain: 0, load_retain: 0, purge_delay: 0, over_since: 0, limit: 0, peak: 0 }),
-};
+static HEAP: Heap = Heap(UnsafeCell::new(Inner {
+    buddy: Buddy::empty(),
+    opts: Values::defaults(),
+    retain: 0,
+    load_retain: 0,
+    purge_delay: 0,
+    over_since: 0,
+    limit: 0,
+    peak: 0,
+}));
 
 /// Runs `f` with the heap locked.
 fn with_heap<R>(f: impl FnOnce(&mut Inner) -> R) -> R {
-    HEAP.lock.lock();
-    // SAFETY: the lock is held, so this is the only reference to `inner`.
-    let r = f(unsafe { &mut *HEAP.inner.get() });
-    HEAP.lock.unlock();
+    sync::HEAP.lock();
+    // SAFETY: the lock is held, so this is the only reference to the state.
+    let r = f(unsafe { &mut *HEAP.0.get() });
+    sync::HEAP.unlock();
     r
 }
 
@@ -114,100 +131,45 @@ pub fn ensure_init() -> bool {
 #[cold]
 #[inline(never)]
 fn init_slow() -> bool {
-    let mut did_init = false;
+    let mut opts = None;
     let ok = with_heap(|h| {
         match STATE.load(Ordering::Acquire) {
             READY => return true,
             FAILED => return false,
             _ => {}
         }
-        let mut opts = Values::defaults();
-        os::for_each_option(|name, value| {
-            if opts.apply(name, value).is_err() {
-                let mut m = os::MsgBuf::new();
-                m.str("edgepool: ignoring bad value of EDGEPOOL_");
-                m.str(core::str::from_utf8(name).unwrap_or("?"));
-                m.str(", keeping the default\n");
-                os::write_stderr(m.as_bytes());
-            }
-        });
-        let top_size = opts.get(options::MAX_BLOCK) as usize;
-        let top = top_size.trailing_zeros();
-        let mut span = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);
-        let mut raw;
-        loop {
-            raw = os::reserve(span + top_size);
-            if !raw.is_null() || span <= top_size {
-                break;
-            }
-            span /= 2;
-        }
-        if raw.is_null() {
+        let Some(st) = init::start() else {
             STATE.store(FAILED, Ordering::Release);
             return false;
-        }
-        // Align the region to the top block size and give back the slack at both ends.
-        let base = (raw as usize + top_size - 1) & !(top_size - 1);
-        // SAFETY: head and tail slack lie inside the reservation just made and hold nothing.
-        unsafe {
-            if base > raw as usize {
-                os::unmap(raw, base - raw as usize);
-            }
-            let tail = raw as usize + span + top_size - (base + span);
-            if tail > 0 {
-                os::unmap((base + span) as *mut u8, tail);
-            }
-        }
-        let npages = span / PAGE;
-        let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
-        let map = os::map(map_bytes) as *mut PageEntry;
-        if map.is_null() {
-            STATE.store(FAILED, Ordering::Release);
-            return false;
-        }
-        // SAFETY: `map` is a fresh zeroed mapping covering every page of the region; top is within
+        };
+        let top = (st.opts.get(options::MAX_BLOCK) as usize).trailing_zeros();
+        // SAFETY: `st.map` is a fresh zeroed mapping covering every page of the region; top is within
         // MIN_ORDER..=MAX_ORDER_LIMIT by option validation (256 KiB ..= 1 GiB).
-        unsafe { h.buddy.init(map, top) };
-        h.opts = opts;
-        h.retain = opts.get(options::RETAIN) as usize;
-        h.load_retain = opts.get(options::LOAD_RETAIN) as usize;
-        h.purge_delay = opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
-        h.limit = opts.get(options::LIMIT) as usize;
-        MAX_BLOCK.store(top_size, Ordering::Relaxed);
-        LOAD_PREFAULT.store(opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
-        REGION.base.store(base, Ordering::Relaxed);
-        REGION.map.store(map, Ordering::Relaxed);
-        REGION.span.store(span, Ordering::Relaxed);
+        unsafe { h.buddy.init(st.map, top) };
+        h.opts = st.opts;
+        h.retain = st.opts.get(options::RETAIN) as usize;
+        h.load_retain = st.opts.get(options::LOAD_RETAIN) as usize;
+        h.purge_delay = st.opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
+        h.limit = st.opts.get(options::LIMIT) as usize;
+        init::open_startup_phase(&st.opts);
+        MAX_BLOCK.store(1 << top, Ordering::Relaxed);
+        LOAD_PREFAULT.store(st.opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
+        REGION.base.store(st.base, Ordering::Relaxed);
+        REGION.map.store(st.map, Ordering::Relaxed);
+        // Release: see `Region`.
+        REGION.span.store(st.span, Ordering::Release);
         STATE.store(READY, Ordering::Release);
-        did_init = true;
+        opts = Some(st.opts);
         true
     });
-    if did_init {
-        post_init();
+    if let Some(o) = opts {
+        init::after_start(&o, print_stats_at_exit);
     }
     ok
 }
 
-/// Work done once after the heap is ready, outside the heap lock, because it may call into libc
-/// functions that allocate (which then re-enter a ready allocator).
-fn post_init() {
-    // SAFETY: the handlers are `extern "C"` functions that take the allocator's locks in a fixed order.
-    unsafe {
-        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-    }
-    let o = options();
-    if o.get(options::VERBOSE) != 0 {
-        print_banner();
-    }
-    if o.get(options::STATS) != 0 {
-        // SAFETY: `print_stats_at_exit` is an `extern "C"` function that does not unwind.
-        unsafe { libc::atexit(print_stats_at_exit) };
-    }
-    crate::phase::startup(&o);
-}
-
 extern "C" fn print_stats_at_exit() {
-    crate::c_api::write_stats(2);
+    stats::write_report(2, &stats());
 }
 
 /// The options in effect (defaults before initialisation).
@@ -218,31 +180,29 @@ pub fn options() -> Values {
     with_heap(|h| h.opts)
 }
 
-fn print_banner() {
-    let o = options();
-    let mut m = os::MsgBuf::new();
-    m.str("edgepool ").str(env!("CARGO_PKG_VERSION")).str(" active (");
-    m.str(if cfg!(debug_assertions) { "debug" } else { "release" }).str(" build)\n");
-    os::write_stderr(m.as_bytes());
-    for (i, def) in options::OPTIONS.iter().enumerate() {
-        let mut m = os::MsgBuf::new();
-        m.str("  EDGEPOOL_").str(def.name).str("=").num(o.get(i)).str("\n");
-        os::write_stderr(m.as_bytes());
-    }
-}
-
-/// Whether `p` lies inside the heap region.
+/// The kind of the page holding `p`, or `None` when `p` is outside the region. Lock-free: for a live
+/// block of the caller, the entry was written before the block was handed out and does not change
+/// while it lives.
 #[inline(always)]
-pub fn in_region(p: usize) -> bool {
-    p.wrapping_sub(REGION.base.load(Ordering::Relaxed)) < REGION.span.load(Ordering::Relaxed)
+pub fn page_kind(p: usize) -> Option<PageKind> {
+    // Acquire first: see `Region`.
+    let span = REGION.span.load(Ordering::Acquire);
+    let off = p.wrapping_sub(REGION.base.load(Ordering::Relaxed));
+    if off >= span {
+        return None;
+    }
+    // SAFETY: `off < span`, so the entry is inside the page map, which covers the region; every value
+    // the map holds is a valid `PageKind` (it starts zeroed, `Interior`, and only kinds are stored).
+    Some(unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind })
 }
 
 /// The page-map entry of the page holding `p`.
 ///
 /// # Safety
-/// - `in_region(p)` holds.
+/// - `p` lies inside the region ([`page_kind`] is `Some` for it, on this thread, so that the region's
+///   publication is visible).
 #[inline(always)]
-pub unsafe fn page_entry(p: usize) -> *mut PageEntry {
+unsafe fn page_entry(p: usize) -> *mut PageEntry {
     let idx = (p - REGION.base.load(Ordering::Relaxed)) >> buddy::PAGE_SHIFT;
     // SAFETY: p is in the region, so idx < npages, which the page map covers.
     unsafe { REGION.map.load(Ordering::Relaxed).add(idx) }
@@ -283,7 +243,8 @@ impl Inner {
         if !unsafe { os::commit(addr_of(idx) as *mut u8, (top_pages as usize) * PAGE) } {
             return false;
         }
-        self.buddy.add_top(idx);
+        // SAFETY: idx is the frontier, and the page map covers the whole region (checked above).
+        unsafe { self.buddy.add_top(idx) };
         true
     }
 
@@ -292,8 +253,8 @@ impl Inner {
         // SAFETY: the block is free (so dead) and inside the committed region.
         let ok = unsafe { os::purge(addr_of(idx) as *mut u8, len) };
         if ok {
-            bump(&COUNTERS.purges, 1);
-            bump(&COUNTERS.purged_bytes, len);
+            stats::add(&COUNTERS.purges, 1);
+            stats::add(&COUNTERS.purged_bytes, len);
         }
         ok
     }
@@ -313,7 +274,7 @@ impl Inner {
 
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
     fn retain_now(&self) -> usize {
-        if crate::phase::any_active() {
+        if phase_state::any_active() {
             self.load_retain
         } else {
             self.retain
@@ -351,13 +312,14 @@ impl Inner {
         self.over_since = 0;
     }
 
-    /// Allocates a block of `order` marked `kind` or, for `kind == LARGE`, a run of `run` pages
+    /// Allocates a block of `order` marked `kind` or, for `kind == Large`, a run of `run` pages
     /// aligned to `order`; grows the region and honours the budget.
-    fn alloc(&mut self, order: u32, kind: u8, run: u32) -> Option<(u32, bool)> {
+    fn alloc(&mut self, order: u32, kind: PageKind, run: u32) -> Option<(u32, bool)> {
         let mut purged = false;
-        let bytes = if kind == buddy::LARGE { run as usize * PAGE } else { 1usize << order };
+        let large = kind == PageKind::Large;
+        let bytes = if large { run as usize * PAGE } else { 1usize << order };
         loop {
-            let took = if kind == buddy::LARGE { self.buddy.alloc_run(run, order) } else { self.buddy.alloc(order, kind) };
+            let took = if large { self.buddy.alloc_run(run, order) } else { self.buddy.alloc(order, kind) };
             let got = match took {
                 Some(g) => Some(g),
                 None => {
@@ -368,25 +330,29 @@ impl Inner {
                 }
             };
             let Some((idx, dirty)) = got else {
-                bump(&COUNTERS.oom_refusals, 1);
+                stats::add(&COUNTERS.oom_refusals, 1);
                 return None;
             };
             if !dirty {
                 self.make_room(bytes);
             }
             if self.limit != 0 && self.os_bytes() > self.limit {
-                if kind == buddy::LARGE {
-                    // Given back in the state it was taken in: a refused clean run is not dirty.
-                    self.buddy.release_range(idx, idx + run, if dirty { DIRTY } else { 0 });
-                } else {
-                    self.buddy.free(idx, order, if dirty { DIRTY } else { 0 });
+                // Given back in the state it was taken in: a refused clean block is not dirty.
+                let flags = if dirty { DIRTY } else { 0 };
+                // SAFETY: the block or run was just allocated above and nobody else knows it.
+                unsafe {
+                    if large {
+                        self.buddy.release_range(idx, idx + run, flags);
+                    } else {
+                        self.buddy.free(idx, order, flags);
+                    }
                 }
                 if !purged && self.buddy.dirty_bytes > 0 {
                     self.purge_all();
                     purged = true;
                     continue;
                 }
-                bump(&COUNTERS.budget_refusals, 1);
+                stats::add(&COUNTERS.budget_refusals, 1);
                 return None;
             }
             self.note_peak();
@@ -395,9 +361,14 @@ impl Inner {
         }
     }
 
-    fn free(&mut self, idx: u32, order: u32) {
-        self.buddy.free(idx, order, DIRTY);
-        self.decay();
+    /// Whether `extra` more bytes from the OS fit the budget, purging every free page first if that
+    /// makes them fit.
+    fn budget_allows(&mut self, extra: usize) -> bool {
+        if self.limit == 0 || self.os_bytes() + extra <= self.limit {
+            return true;
+        }
+        self.purge_all();
+        self.os_bytes() + extra <= self.limit
     }
 }
 
@@ -420,10 +391,11 @@ pub fn max_block() -> usize {
     MAX_BLOCK.load(Ordering::Relaxed)
 }
 
-/// Allocates a block of `order` and marks it `kind` (`SLAB`, `META` or `ARENA`; every page of a slab
-/// or arena chunk is marked). Returns the address and whether the memory may be dirty (not known zero).
-pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
-    debug_assert!(kind != buddy::LARGE);
+/// Allocates a block of `order` and marks it `kind` (`Slab`, `Meta` or `Arena`; every page of a slab
+/// or arena chunk is marked); `load` records that a load phase allocated it. Returns the address and
+/// whether the memory may be dirty (not known zero).
+pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, bool)> {
+    debug_assert!(matches!(kind, PageKind::Slab | PageKind::Meta | PageKind::Arena));
     if !ensure_init() {
         return None;
     }
@@ -435,12 +407,12 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
-            h.buddy.entry_mut(idx).tag = tag;
-            if kind == buddy::SLAB || kind == buddy::ARENA {
+            h.buddy.entry_mut(idx).load = u8::from(load);
+            if kind != PageKind::Meta {
                 for i in 0..n {
                     let e = h.buddy.entry_mut(idx + i);
                     e.kind = kind;
-                    e.tag = tag;
+                    e.load = u8::from(load);
                 }
             }
         }
@@ -449,8 +421,9 @@ pub fn alloc_block(order: u32, kind: u8, tag: u8) -> Option<(*mut u8, bool)> {
 }
 
 /// Allocates a large block: a run of whole pages holding `size` bytes at alignment `align` (both at
-/// most [`max_block`]). Returns the address, whether the memory may be dirty, and the run's size.
-pub fn alloc_large(size: usize, align: usize, tag: u8) -> Option<(*mut u8, bool, usize)> {
+/// most [`max_block`]); `load` records that a load phase allocated it. Returns the address, whether
+/// the memory may be dirty, and the run's size.
+pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, bool, usize)> {
     if !ensure_init() {
         return None;
     }
@@ -460,40 +433,56 @@ pub fn alloc_large(size: usize, align: usize, tag: u8) -> Option<(*mut u8, bool,
         if run as usize > (1usize << (h.buddy.top - MIN_ORDER)) || order > h.buddy.top {
             return None;
         }
-        let (idx, dirty) = h.alloc(order, buddy::LARGE, run)?;
+        let (idx, dirty) = h.alloc(order, PageKind::Large, run)?;
         // SAFETY: idx is the head just allocated.
-        unsafe { h.buddy.entry_mut(idx).tag = tag };
+        unsafe { h.buddy.entry_mut(idx).load = u8::from(load) };
         Some((addr_of(idx) as *mut u8, dirty, run as usize * PAGE))
     })
 }
 
-/// Frees a block allocated by [`alloc_block`] or [`alloc_large`]. Returns its tag and size.
+/// Frees a block allocated by [`alloc_block`] or [`alloc_large`]. Returns whether a load phase
+/// allocated it, and its size.
 ///
 /// # Safety
 /// - `p` was returned by [`alloc_block`] or [`alloc_large`] and not freed since; nothing uses it any
 ///   more.
-pub unsafe fn free_block(p: *mut u8) -> (u8, usize) {
+pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
     with_heap(|h| {
         let idx = index_of(p as usize);
         // SAFETY: p is the head of an allocated block (caller's contract), so idx is below frontier.
         let e = unsafe { h.buddy.entry(idx) };
-        if e.kind == buddy::LARGE {
-            // SAFETY: a live run's head.
-            let n = unsafe { h.buddy.run_pages(idx) };
-            h.buddy.free_run(idx);
-            h.decay();
-            return (e.tag, n as usize * PAGE);
-        }
-        let order = e.order as u32;
-        if e.kind == buddy::SLAB || e.kind == buddy::ARENA {
-            for i in 1..(1u32 << (order - MIN_ORDER)) {
-                // SAFETY: pages of the same block.
-                unsafe { h.buddy.entry_mut(idx + i).kind = buddy::NONE };
+        let size = if e.kind == PageKind::Large {
+            // SAFETY: a live run's head, given up by the caller.
+            unsafe {
+                let n = h.buddy.run_pages(idx);
+                h.buddy.free_run(idx);
+                n as usize * PAGE
             }
-        }
-        h.free(idx, order);
-        (e.tag, 1usize << order)
+        } else {
+            let order = e.order as u32;
+            if e.kind != PageKind::Meta {
+                for i in 1..(1u32 << (order - MIN_ORDER)) {
+                    // SAFETY: pages of the same block, below frontier.
+                    unsafe { h.buddy.entry_mut(idx + i).kind = PageKind::Interior };
+                }
+            }
+            // SAFETY: the caller gives the whole block up.
+            unsafe { h.buddy.free(idx, order, DIRTY) };
+            1usize << order
+        };
+        h.decay();
+        (e.load != 0, size)
     })
+}
+
+/// Whether a load phase allocated the large block whose head is `p`.
+///
+/// # Safety
+/// - `p` is the head of a live large block (from [`alloc_large`]) owned by the caller.
+pub unsafe fn is_load_block(p: *mut u8) -> bool {
+    // SAFETY: the head entry of a live run is only written by its owner (caller's contract); `p` is
+    // in the region.
+    unsafe { (*page_entry(p as usize)).load != 0 }
 }
 
 /// Size in bytes of the large block whose head is `p`.
@@ -525,11 +514,12 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         // Budget: growing adds at most its new pages to the OS bytes (claimed dirty pages add none).
         // Checked before anything changes, so a refusal leaves the heap exactly as it was.
         if m > n && h.limit != 0 && h.os_bytes() + (m - n) * PAGE > h.limit {
-            bump(&COUNTERS.budget_refusals, 1);
+            stats::add(&COUNTERS.budget_refusals, 1);
             return None;
         }
         let (free0, dirty0) = (h.buddy.free_bytes, h.buddy.dirty_bytes);
-        if !h.buddy.resize_run(idx, m as u32) {
+        // SAFETY: a live run's head owned by the caller; m >= 1 (new_size >= 1).
+        if !unsafe { h.buddy.resize_run(idx, m as u32) } {
             return None;
         }
         if m < n {
@@ -560,10 +550,11 @@ pub fn set_limit(bytes: usize) {
     with_heap(|h| h.limit = bytes);
 }
 
-/// Heap figures for [`Stats`].
-pub fn fill_stats(s: &mut Stats) {
+/// The statistics report: the heap's figures (under its lock) and the counters.
+pub fn stats() -> Stats {
+    let mut s = Stats { counters: COUNTERS.snapshot(), slab_bytes: stats::slab_bytes(), ..Stats::default() };
     if !is_ready() {
-        return;
+        return s;
     }
     with_heap(|h| {
         s.os_bytes = h.os_bytes();
@@ -573,6 +564,47 @@ pub fn fill_stats(s: &mut Stats) {
         s.dirty_free_bytes = h.buddy.dirty_bytes;
         s.limit_bytes = h.limit;
     });
+    s
+}
+
+/// Runs `then` under the heap lock if `extra` more bytes from the OS fit the budget (purging every
+/// free page first if that makes them fit), so that nothing else takes the room meanwhile, and notes
+/// the peak afterwards. `then` may take only locks that come after the heap's in the lock order
+/// (`sync`), and returns `None` when it did not take the memory after all. A refusal by the budget is
+/// counted and returns `None`.
+pub fn with_budget<R>(extra: usize, then: impl FnOnce() -> Option<R>) -> Option<R> {
+    if !ensure_init() {
+        return None;
+    }
+    with_heap(|h| {
+        if !h.budget_allows(extra) {
+            stats::add(&COUNTERS.budget_refusals, 1);
+            return None;
+        }
+        let r = then();
+        h.note_peak();
+        r
+    })
+}
+
+/// Whether `extra` more bytes from the OS fit the budget (purging if that makes them fit). Counts a
+/// refusal.
+pub fn budget_allows(extra: usize) -> bool {
+    if !ensure_init() {
+        return false;
+    }
+    let ok = with_heap(|h| h.budget_allows(extra));
+    if !ok {
+        stats::add(&COUNTERS.budget_refusals, 1);
+    }
+    ok
+}
+
+/// Records a new peak of the OS bytes if the present figure is one (after direct mappings grew).
+pub fn note_peak() {
+    if is_ready() {
+        with_heap(|h| h.note_peak());
+    }
 }
 
 /// Resets the peak to the current figure and returns it (phase reports).
@@ -594,7 +626,7 @@ pub fn peak() -> usize {
     with_heap(|h| h.peak)
 }
 
-/// Checks the buddy heap's invariants (tests, debug).
+/// Checks the buddy heap's invariants (tests, debug), and the page map's kinds against them.
 pub fn check() -> Result<(), &'static str> {
     if !is_ready() {
         return Ok(());
@@ -602,259 +634,77 @@ pub fn check() -> Result<(), &'static str> {
     with_heap(|h| h.buddy.check())
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Direct mappings: requests beyond the largest buddy block.
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One direct mapping: the user pointer, the mapping's start and length.
-#[derive(Clone, Copy)]
-struct DirectEntry {
-    key: usize,
-    base: usize,
-    len: usize,
-}
+    // Other unit tests share the heap and run at the same time: these tests assert only on blocks they
+    // own, never on heap-wide figures.
 
-const EMPTY_KEY: usize = 0;
-const TOMBSTONE: usize = 1;
-
-/// An open-addressing table of live direct mappings, in its own OS mapping.
-///
-/// Invariants: `cap` is zero or a power of two; `used` counts live entries plus tombstones and stays
-/// at most `cap / 2`; every live entry's `key` is found by linear probing from its hash.
-struct DirectTable {
-    slots: *mut DirectEntry,
-    cap: usize,
-    used: usize,
-    live: usize,
-}
-
-struct Direct {
-    lock: RawLock,
-    table: UnsafeCell<DirectTable>,
-}
-
-// SAFETY: `table` is only accessed with `lock` held.
-unsafe impl Sync for Direct {}
-
-static DIRECT: Direct = Direct {
-    lock: RawLock::new(),
-    table: UnsafeCell::new(DirectTable { slots: core::ptr::null_mut(), cap: 0, used: 0, live: 0 }),
-};
-
-fn with_direct<R>(f: impl FnOnce(&mut DirectTable) -> R) -> R {
-    DIRECT.lock.lock();
-    // SAFETY: lock held.
-    let r = f(unsafe { &mut *DIRECT.table.get() });
-    DIRECT.lock.unlock();
-    r
-}
-
-#[inline]
-fn hash(key: usize) -> usize {
-    (key >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-impl DirectTable {
-    fn find(&self, key: usize) -> Option<usize> {
-        if self.cap == 0 {
-            return None;
-        }
-        let mut i = hash(key) & (self.cap - 1);
-        loop {
-            // SAFETY: i < cap, slots holds cap entries.
-            let e = unsafe { *self.slots.add(i) };
-            if e.key == key {
-                return Some(i);
+    #[test]
+    fn large_runs_hold_whole_pages_and_are_marked_in_the_page_map() {
+        let (p, _, bytes) = alloc_large(5 * PAGE + 1, PAGE, false).unwrap();
+        assert_eq!(bytes, 6 * PAGE);
+        assert_eq!(p as usize % PAGE, 0);
+        assert_eq!(page_kind(p as usize), Some(PageKind::Large));
+        assert_eq!(page_kind(p as usize + PAGE), Some(PageKind::Interior));
+        // SAFETY: a live large block owned by this test, freed once at the end.
+        unsafe {
+            assert_eq!(block_size(p), 6 * PAGE);
+            assert!(!is_load_block(p));
+            p.write_bytes(7, bytes);
+            // Shrinking in place always works; growing works when the pages after it are free.
+            assert_eq!(resize_in_place(p, 2 * PAGE), Some(2 * PAGE));
+            assert_eq!(block_size(p), 2 * PAGE);
+            if let Some(n) = resize_in_place(p, 3 * PAGE) {
+                assert_eq!(n, 3 * PAGE);
             }
-            if e.key == EMPTY_KEY {
-                return None;
-            }
-            i = (i + 1) & (self.cap - 1);
+            assert!(*p.add(2 * PAGE - 1) == 7, "shrinking kept the data");
+            let (load, size) = free_block(p);
+            assert!(!load);
+            assert!(size >= 2 * PAGE);
         }
+        check().unwrap();
     }
 
-    fn insert(&mut self, e: DirectEntry) -> bool {
-        if (self.used + 1) * 2 > self.cap && !self.rehash() {
-            return false;
+    #[test]
+    fn slab_blocks_mark_every_page_and_load_blocks_say_so() {
+        let (p, _) = alloc_block(16, PageKind::Slab, true).unwrap();
+        assert_eq!(p as usize % (1 << 16), 0);
+        for i in 0..16 {
+            assert_eq!(page_kind(p as usize + i * PAGE), Some(PageKind::Slab));
         }
-        let mut i = hash(e.key) & (self.cap - 1);
-        loop {
-            // SAFETY: i < cap.
-            let s = unsafe { &mut *self.slots.add(i) };
-            if s.key == EMPTY_KEY || s.key == TOMBSTONE {
-                if s.key == EMPTY_KEY {
-                    self.used += 1;
-                }
-                *s = e;
-                self.live += 1;
-                return true;
-            }
-            i = (i + 1) & (self.cap - 1);
+        // SAFETY: the block is ours and freed once.
+        let (load, size) = unsafe { free_block(p) };
+        assert!(load);
+        assert_eq!(size, 1 << 16);
+        let (q, _, _) = alloc_large(PAGE, PAGE, true).unwrap();
+        // SAFETY: a live large block of ours, freed once.
+        unsafe {
+            assert!(is_load_block(q));
+            assert!(free_block(q).0);
         }
+        check().unwrap();
     }
 
-    fn rehash(&mut self) -> bool {
-        let new_cap = if self.live * 4 < self.cap { self.cap.max(256) } else { (self.cap * 2).max(256) };
-        let bytes = new_cap * core::mem::size_of::<DirectEntry>();
-        let slots = os::map(bytes) as *mut DirectEntry;
-        if slots.is_null() {
-            return false;
-        }
-        let old = core::mem::replace(self, DirectTable { slots, cap: new_cap, used: 0, live: 0 });
-        for i in 0..old.cap {
-            // SAFETY: i < old.cap.
-            let e = unsafe { *old.slots.add(i) };
-            if e.key != EMPTY_KEY && e.key != TOMBSTONE {
-                self.insert(e);
-            }
-        }
-        if !old.slots.is_null() {
-            // SAFETY: the old table is no longer referenced.
-            unsafe { os::unmap(old.slots.cast(), old.cap * core::mem::size_of::<DirectEntry>()) };
-        }
-        true
+    #[test]
+    fn requests_beyond_the_budget_or_the_top_block_are_refused() {
+        assert!(alloc_large(max_block() + 1, PAGE, false).is_none());
+        assert!(alloc_block(40, PageKind::Meta, false).is_none());
+        let refusals = COUNTERS.budget_refusals.load(Ordering::Relaxed);
+        // No limit is set in unit tests: everything fits but what no limit can hold.
+        assert_eq!(with_budget(PAGE, || Some(1)), Some(1));
+        set_limit(usize::MAX / 4);
+        assert_eq!(with_budget(usize::MAX / 2, || Some(1)), None);
+        set_limit(0);
+        assert!(COUNTERS.budget_refusals.load(Ordering::Relaxed) > refusals);
     }
-}
 
-/// Maps `size` bytes aligned to `align` directly from the OS. Returns null on failure.
-pub fn direct_alloc(size: usize, align: usize) -> *mut u8 {
-    let Some(len) = size.checked_add(PAGE - 1).map(|l| l & !(PAGE - 1)) else { return core::ptr::null_mut() };
-    let align = align.max(PAGE);
-    let Some(total) = len.checked_add(align - PAGE) else { return core::ptr::null_mut() };
-    if total > isize::MAX as usize {
-        return core::ptr::null_mut();
+    #[test]
+    fn order_for_is_the_smallest_holding_block() {
+        assert_eq!(order_for(1, 1), 12);
+        assert_eq!(order_for(PAGE, PAGE), 12);
+        assert_eq!(order_for(PAGE + 1, 16), 13);
+        assert_eq!(order_for(100, 1 << 20), 20);
     }
-    if !ensure_init() {
-        return core::ptr::null_mut();
-    }
-    // Budget: direct bytes count against the limit.
-    let over = with_heap(|h| {
-        if h.limit != 0 && h.os_bytes() + len > h.limit {
-            h.purge_all();
-            if h.os_bytes() + len > h.limit {
-                return true;
-            }
-        }
-        false
-    });
-    if over {
-        bump(&COUNTERS.budget_refusals, 1);
-        return core::ptr::null_mut();
-    }
-    let raw = os::map(total);
-    if raw.is_null() {
-        bump(&COUNTERS.oom_refusals, 1);
-        return core::ptr::null_mut();
-    }
-    let p = (raw as usize + align - 1) & !(align - 1);
-    // SAFETY: the slack before and after the aligned range is part of the mapping just made.
-    unsafe {
-        if p > raw as usize {
-            os::unmap(raw, p - raw as usize);
-        }
-        let tail = raw as usize + total - (p + len);
-        if tail > 0 {
-            os::unmap((p + len) as *mut u8, tail);
-        }
-    }
-    if !with_direct(|t| t.insert(DirectEntry { key: p, base: p, len })) {
-        // SAFETY: the mapping was made above and is not published.
-        unsafe { os::unmap(p as *mut u8, len) };
-        return core::ptr::null_mut();
-    }
-    bump(&COUNTERS.direct_allocs, 1);
-    bump(&COUNTERS.direct_bytes, len);
-    with_heap(|h| h.note_peak());
-    p as *mut u8
-}
-
-/// The length of the direct mapping at `p`, or `None` if `p` is not one.
-pub fn direct_size(p: *mut u8) -> Option<usize> {
-    with_direct(|t| t.find(p as usize).map(|i| {
-        // SAFETY: find returns an index below cap.
-        unsafe { (*t.slots.add(i)).len }
-    }))
-}
-
-/// Unmaps the direct mapping at `p`. Returns `false` (doing nothing) if `p` is not one.
-pub fn direct_free(p: *mut u8) -> bool {
-    let e = with_direct(|t| {
-        let i = t.find(p as usize)?;
-        // SAFETY: i < cap.
-        let s = unsafe { &mut *t.slots.add(i) };
-        let e = *s;
-        s.key = TOMBSTONE;
-        t.live -= 1;
-        Some(e)
-    });
-    match e {
-        Some(e) => {
-            // SAFETY: the entry was removed, so the mapping is ours alone and dead.
-            unsafe { os::unmap(e.base as *mut u8, e.len) };
-            bump(&COUNTERS.direct_frees, 1);
-            drop_by(&COUNTERS.direct_bytes, e.len);
-            true
-        }
-        None => false,
-    }
-}
-
-/// Resizes a direct mapping (`mremap`), returning the new pointer or null (the old one intact).
-/// Only for mappings with page alignment.
-pub fn direct_realloc(p: *mut u8, new_size: usize) -> *mut u8 {
-    let Some(new_len) = new_size.checked_add(PAGE - 1).map(|l| l & !(PAGE - 1)) else { return core::ptr::null_mut() };
-    DIRECT.lock.lock();
-    // SAFETY: lock held.
-    let t = unsafe { &mut *DIRECT.table.get() };
-    let Some(i) = t.find(p as usize) else {
-        DIRECT.lock.unlock();
-        return core::ptr::null_mut();
-    };
-    // SAFETY: i < cap.
-    let e = unsafe { *t.slots.add(i) };
-    let grow = new_len.saturating_sub(e.len);
-    let over = grow > 0 && with_heap(|h| h.limit != 0 && h.os_bytes() + grow > h.limit);
-    if over {
-        DIRECT.lock.unlock();
-        bump(&COUNTERS.budget_refusals, 1);
-        return core::ptr::null_mut();
-    }
-    // SAFETY: [base, base+len) is exactly one mapping of ours.
-    let q = unsafe { os::remap(e.base as *mut u8, e.len, new_len) };
-    if q.is_null() {
-        DIRECT.lock.unlock();
-        return core::ptr::null_mut();
-    }
-    // SAFETY: i < cap.
-    unsafe { (*t.slots.add(i)).key = TOMBSTONE };
-    t.live -= 1;
-    t.insert(DirectEntry { key: q as usize, base: q as usize, len: new_len });
-    DIRECT.lock.unlock();
-    if new_len > e.len {
-        bump(&COUNTERS.direct_bytes, new_len - e.len);
-    } else {
-        drop_by(&COUNTERS.direct_bytes, e.len - new_len);
-    }
-    with_heap(|h| h.note_peak());
-    q
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fork: no child may inherit a held lock. Order: caches, heap, direct.
-
-extern "C" fn fork_prepare() {
-    crate::cache::fork_prepare();
-    HEAP.lock.lock();
-    DIRECT.lock.lock();
-}
-
-extern "C" fn fork_parent() {
-    DIRECT.lock.unlock();
-    HEAP.lock.unlock();
-    crate::cache::fork_parent();
-}
-
-extern "C" fn fork_child() {
-    DIRECT.lock.reset();
-    HEAP.lock.reset();
-    crate::cache::fork_child();
 }

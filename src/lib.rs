@@ -7,32 +7,44 @@
 //! static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 //! ```
 //!
-//! Map of the modules, lowest layer first (a module uses only the ones above it in this list):
-//! - [`os`]: every call into libc — mappings, purge, futex, environment, stderr.
-//! - `size_class`, [`options`]: pure arithmetic — class tables, slab geometry, option parsing.
-//! - `sync`: the allocation-free futex lock.
-//! - `buddy`: the buddy free lists over the page map (single-threaded).
-//! - `slab`: one slab's header, bitmap and remote-free list.
-//! - `heap`: the global heap — region, lock, growth, purging, budget, direct mappings, `fork`.
-//! - `cache`: thread-local caches — fast paths, remote frees, thread exit and adoption.
-//! - `global`: routing — which part serves a request and who owns a pointer; [`EdgePool`].
-//! - [`c_api`]: the C allocation API with glibc's semantics (exported by `libedgepool.so`).
-//! - `stats`: counters and the statistics report.
-//! - `arena`: the load arena (bump allocation in chunks), the arena mode of load phases.
-//! - `phase`: load and run phases ([`load_phase`], [`load_phase_process`], the C API's phase).
-//! - [`plan`]: the static memory planner (independent of the allocator).
+//! # Layers
+//!
+//! Each module belongs to one layer and uses only modules of its own layer or lower ones, never a
+//! module of a higher layer, and modules never form a cycle. `tests/layers.rs` reads this table and
+//! the `crate::` paths of every file under `src/`, and fails when either rule is broken. A lower layer
+//! that needs something from above takes it as a parameter or reads a flag kept below both
+//! (`phase_state`). The crate root (this file) is above every layer.
+//!
+//! | layer | modules | job |
+//! |---|---|---|
+//! | 0 | os | every call into libc: mappings, purge, futex, environment, stderr, keys, `fork` and exit hooks |
+//! | 1 | size_class, options | pure arithmetic: class tables, slab geometry, option parsing |
+//! | 2 | sync, stats, phase_state | the lock and the lock order; counters and reports; the phase flags lower layers read |
+//! | 3 | buddy, slab | single-threaded block structures: the buddy free lists over the page map; one slab |
+//! | 4 | init | start-up: options, the region's reservation, the start-up phase, the `fork` handlers, the banner |
+//! | 5 | heap | the global buddy heap: its lock, growth, purging, the budget, the page map |
+//! | 6 | direct, arena | direct mappings beyond the largest block; the load arena |
+//! | 7 | cache, owner | thread caches (fast paths, remote frees, life, phase settling); pointer → owner |
+//! | 8 | phase | load and run phases: guards, reports, the C API's phase, the start-up trigger |
+//! | 9 | global | routing: which part serves a request; [`EdgePool`] |
+//! | 10 | c_api | the C allocation API with glibc's semantics (exported by `libedgepool.so`) |
+//! | 11 | plan | the static memory planner (uses only the allocation entry points) |
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod arena;
 mod buddy;
-mod cache;
 pub mod c_api;
+mod cache;
+mod direct;
 mod global;
 mod heap;
+mod init;
 pub mod options;
 pub mod os;
+mod owner;
 mod phase;
+mod phase_state;
 pub mod plan;
 mod size_class;
 mod slab;
@@ -54,16 +66,13 @@ pub mod classes {
 
 /// A statistics report: heap figures and counters.
 pub fn stats() -> Stats {
-    let mut s = Stats { counters: stats::COUNTERS.snapshot(), slab_bytes: cache::slab_bytes(), ..Stats::default() };
-    heap::fill_stats(&mut s);
-    s
+    heap::stats()
 }
 
 /// Returns free memory to the OS: applies pending frees held by exited threads' caches, then purges
 /// every free heap page. Returns the bytes purged.
 pub fn trim() -> usize {
-    cache::collect_abandoned();
-    heap::trim()
+    global::trim()
 }
 
 /// Sets the memory budget in bytes (0 = none): requests that would take edgepool's OS memory beyond
@@ -77,6 +86,12 @@ pub fn check_heap() -> Result<(), &'static str> {
     heap::check()
 }
 
+/// Walks the calling thread's cache — its rows, their slabs' bitmaps, lists and stacks — and checks
+/// their invariants (for tests and debugging). `Ok` for a thread that has not allocated yet.
+pub fn check_thread_cache() -> Result<(), &'static str> {
+    cache::check_mine()
+}
+
 /// The options in effect.
 pub fn options() -> options::Values {
     heap::options()
@@ -88,7 +103,9 @@ pub fn max_block() -> usize {
     heap::max_block()
 }
 
-pub use phase::{load_phase, load_phase_process, load_phase_process_with, load_phase_with, LoadPhase, PhaseMode, PhaseReport};
+pub use phase::{
+    load_phase, load_phase_process, load_phase_process_with, load_phase_with, LoadPhase, PhaseMode, PhaseReport,
+};
 
 /// The C API's process-wide phase (also opened by `EDGEPOOL_LOAD_PHASE=1`): `edgepool_load_begin()` and
 /// `edgepool_load_end()`.

@@ -1,4 +1,5 @@
-//! The OS layer: the only module that calls libc.
+//! The OS layer: the only module that calls libc functions (other modules name libc's types and
+//! constants only).
 //!
 //! Every function here is allocation-free: it uses raw system calls (through `libc`'s thin wrappers,
 //! which do not allocate) and fixed buffers, so it may be called from inside the allocator, before any
@@ -28,7 +29,14 @@ fn mmap_anon(len: usize, prot: libc::c_int) -> *mut u8 {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
     // memory.
     let p = unsafe {
-        libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         core::ptr::null_mut()
@@ -157,10 +165,15 @@ pub fn set_errno(e: i32) {
 
 /// Writes all of `bytes` to standard error, ignoring failure. Never allocates.
 pub fn write_stderr(bytes: &[u8]) {
+    write_fd(2, bytes)
+}
+
+/// Writes all of `bytes` to file descriptor `fd`, ignoring failure. Never allocates.
+pub fn write_fd(fd: libc::c_int, bytes: &[u8]) {
     let mut b = bytes;
     while !b.is_empty() {
-        // SAFETY: the buffer is valid for `b.len()` bytes.
-        let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+        // SAFETY: the buffer is valid for `b.len()` bytes; a bad descriptor only makes write fail.
+        let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
         if n <= 0 {
             return;
         }
@@ -175,6 +188,78 @@ pub fn fatal(msg: &[u8]) -> ! {
     write_stderr(b"\n");
     // SAFETY: abort has no preconditions.
     unsafe { libc::abort() }
+}
+
+/// Writes `bytes` to the C stream `stream` (`fwrite`). stdio may allocate: call it outside every
+/// allocator lock.
+///
+/// # Safety
+/// - `stream` is a valid, open `FILE*`.
+pub unsafe fn write_file(stream: *mut libc::FILE, bytes: &[u8]) {
+    // SAFETY: the buffer is valid for its length; the stream is valid (contract).
+    unsafe { libc::fwrite(bytes.as_ptr().cast(), 1, bytes.len(), stream) };
+}
+
+/// Reports a pointer that cannot be freed (or measured) and aborts: `what (pointer 0x…)`.
+#[cold]
+#[inline(never)]
+pub fn invalid_pointer(p: *mut u8, what: &str) -> ! {
+    let mut m = MsgBuf::new();
+    m.str(what).str(" (pointer ").hex(p as usize).str(")");
+    fatal(m.as_bytes())
+}
+
+/// An impossible state of the allocator's own structures: a failed assertion in debug builds (so
+/// tests see where), a message and `abort()` in release builds. Never a panic.
+#[cold]
+#[inline(never)]
+pub fn broken(what: &str) -> ! {
+    debug_assert!(false, "edgepool: broken invariant: {what}");
+    let mut m = MsgBuf::new();
+    m.str("broken invariant: ").str(what);
+    fatal(m.as_bytes())
+}
+
+/// Creates a thread-specific key whose destructor `dtor` runs at thread exit with the thread's
+/// non-null value. `None` when the process has no key left. Does not allocate.
+pub fn thread_key_create(dtor: unsafe extern "C" fn(*mut c_void)) -> Option<libc::pthread_key_t> {
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is a valid out-pointer; `dtor` has the destructor signature.
+    (unsafe { libc::pthread_key_create(&mut key, Some(dtor)) } == 0).then_some(key)
+}
+
+/// Sets the calling thread's value of `key`. May allocate inside libc for keys beyond the first 32
+/// (the caller makes sure a nested allocation finds its state ready).
+///
+/// # Safety
+/// - `key` came from [`thread_key_create`], and its destructor accepts `value`.
+pub unsafe fn thread_key_set(key: libc::pthread_key_t, value: *mut c_void) {
+    // SAFETY: the key came from `thread_key_create`; the value is only passed back to its destructor.
+    unsafe { libc::pthread_setspecific(key, value) };
+}
+
+/// Registers `fork` handlers. May allocate: call it outside every allocator lock.
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    // SAFETY: plain `extern "C"` functions that do not unwind.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// Registers `f` to run at process exit. May allocate: call it outside every allocator lock.
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: an `extern "C"` function that does not unwind.
+    unsafe { libc::atexit(f) };
+}
+
+/// Installs `handler` for signal `sig` (`SA_RESTART`). The handler must be async-signal-safe.
+pub fn on_signal(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) {
+    // SAFETY: a zeroed sigaction is a valid starting value; the handler is a plain function.
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
+    }
 }
 
 /// A small fixed-capacity text buffer for messages built without allocating.
@@ -361,6 +446,6 @@ pub fn rss_bytes() -> usize {
     let text = &buf[..n as usize];
     let mut fields = text.split(|&c| c == b' ');
     fields.next();
-    let resident = fields.next().map(crate::options::parse_u64).unwrap_or(None).unwrap_or(0);
-    resident as usize * os_page_size()
+    let resident = fields.next().unwrap_or(b"").iter().take_while(|c| c.is_ascii_digit());
+    resident.fold(0usize, |n, &c| n.saturating_mul(10).saturating_add((c - b'0') as usize)) * os_page_size()
 }

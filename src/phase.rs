@@ -2,7 +2,7 @@
 //!
 //! While a load phase is active, small allocations come from each cache's *load rows*: slabs of their
 //! own, never shared with run-phase objects. When the phase ends, each cache's load slabs are
-//! settled ([`crate::cache::end_load_rows`]). Empty ones go back to the heap; in the others, every page
+//! settled (`cache::settle`). Empty ones go back to the heap; in the others, every page
 //! with no live slot is purged. They then join the run rows, whose allocations reuse their free slots.
 //! Finally every free heap page is purged. Survivors are never moved or reset: they stay valid and can
 //! be freed later from any thread.
@@ -17,17 +17,22 @@
 //!   changed; it ends on `SIGUSR2`, after `EDGEPOOL_LOAD_SECONDS`, or through `edgepool_load_end()`,
 //!   whichever comes first.
 //!
-//! Nothing here runs on the allocation fast path; the slow path only polls two flags.
+//! Nothing here runs on the allocation fast path; the allocation slow path polls the start-up trigger
+//! ([`poll_trigger`], one relaxed load) and the caches' own `settle_pending` flags. The flags that
+//! lower layers read live in `phase_state`; the cache side of a phase (switching row sets, settling)
+//! in `cache::settle`; this module holds the guards, the reports and the C API's phase. Locks:
+//! `sync::PHASE_C`, then `sync::PHASE_CONTROL`.
 
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::cache::{self, Cache};
+use crate::arena;
+use crate::cache::{self, settle, Cache, LoadEnd};
 use crate::heap;
 use crate::options;
-use crate::size_class::NCLASSES;
+use crate::phase_state::{self, RowSet, Start};
 use crate::stats::COUNTERS;
-use crate::sync::RawLock;
+use crate::sync;
 
 /// What a load phase did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,69 +67,18 @@ pub enum PhaseMode {
 }
 
 impl PhaseMode {
-    fn rows(self) -> usize {
+    fn rows(self) -> RowSet {
         match self {
-            PhaseMode::Segregated => NCLASSES,
-            PhaseMode::Arena => cache::ARENA_ROWS,
+            PhaseMode::Segregated => RowSet::Load,
+            PhaseMode::Arena => RowSet::Arena,
         }
     }
 }
 
-/// Depth of process-wide phases.
-static GLOBAL_DEPTH: AtomicUsize = AtomicUsize::new(0);
-/// Row set of the open process-wide phase.
-static GLOBAL_ROWS: AtomicUsize = AtomicUsize::new(NCLASSES);
-
-/// The row set a new cache starts with: the process-wide phase's, or the run rows.
-pub fn global_rows() -> usize {
-    if global_active() {
-        GLOBAL_ROWS.load(Ordering::Relaxed)
-    } else {
-        0
-    }
-}
-/// Serialises process-wide begin/end (never taken on an allocation path).
-static CONTROL: RawLock = RawLock::new();
 /// Live bytes of large blocks allocated during load phases.
 pub(crate) static LOAD_LARGE_LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Large allocations made during load phases (cumulative).
 pub(crate) static LOAD_LARGE_ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-/// Thread load phases open anywhere in the process (outermost guards only).
-static THREAD_PHASES: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any load phase (process-wide or of some thread) is open.
-#[inline]
-pub fn any_active() -> bool {
-    GLOBAL_DEPTH.load(Ordering::Relaxed) > 0 || THREAD_PHASES.load(Ordering::Relaxed) > 0
-}
-
-/// Whether a process-wide load phase is active.
-#[inline]
-pub fn global_active() -> bool {
-    GLOBAL_DEPTH.load(Ordering::Relaxed) > 0
-}
-
-/// Whether the calling thread allocates in the load phase (for tagging large blocks).
-#[inline]
-pub fn current_is_load() -> bool {
-    let c = cache::mine();
-    if c.is_null() {
-        return global_active();
-    }
-    // SAFETY: our own live cache.
-    unsafe { (*c).active.load(Ordering::Relaxed) != 0 }
-}
-
-/// The figures taken when a phase begins.
-#[derive(Clone, Copy, Debug)]
-struct Start {
-    t_ns: u64,
-    os_bytes: usize,
-    large_allocs: u64,
-    purged: usize,
-    arena_allocs: u64,
-}
 
 fn snapshot() -> Start {
     let os_bytes = heap::reset_peak();
@@ -133,36 +87,28 @@ fn snapshot() -> Start {
         os_bytes,
         large_allocs: LOAD_LARGE_ALLOCS.load(Ordering::Relaxed),
         purged: COUNTERS.purged_bytes.load(Ordering::Relaxed),
-        arena_allocs: crate::arena::ALLOCS.load(Ordering::Relaxed),
+        arena_allocs: arena::ALLOCS.load(Ordering::Relaxed),
     }
 }
 
-fn finish_report(start: Start, small: cache::LoadEnd, deferred: usize) -> PhaseReport {
+fn finish_report(start: Start, small: LoadEnd, deferred: usize) -> PhaseReport {
     let peak = heap::peak();
-    crate::trim();
-    let mut s = crate::Stats::default();
-    heap::fill_stats(&mut s);
+    cache::collect_abandoned();
+    heap::trim();
     PhaseReport {
         allocations: small.allocations + LOAD_LARGE_ALLOCS.load(Ordering::Relaxed) - start.large_allocs
-            + crate::arena::ALLOCS.load(Ordering::Relaxed)
+            + arena::ALLOCS.load(Ordering::Relaxed)
             - start.arena_allocs,
         peak_bytes: peak,
         survivor_bytes: small.survivor_bytes
             + LOAD_LARGE_LIVE.load(Ordering::Relaxed)
-            + crate::arena::LIVE_BYTES.load(Ordering::Relaxed),
+            + arena::LIVE_BYTES.load(Ordering::Relaxed),
         released_bytes: COUNTERS.purged_bytes.load(Ordering::Relaxed) - start.purged,
         os_bytes_before: start.os_bytes,
-        os_bytes_after: s.os_bytes,
+        os_bytes_after: heap::stats().os_bytes,
         duration: Duration::from_nanos(crate::os::now_ns() - start.t_ns),
         deferred_caches: deferred,
     }
-}
-
-fn add(a: &mut cache::LoadEnd, b: cache::LoadEnd) {
-    a.allocations += b.allocations;
-    a.survivor_bytes += b.survivor_bytes;
-    a.purged_bytes += b.purged_bytes;
-    a.slabs_released += b.slabs_released;
 }
 
 enum Kind {
@@ -195,13 +141,8 @@ pub fn load_phase_with(mode: PhaseMode) -> LoadPhase {
     let c = cache::current();
     let start = snapshot();
     if !c.is_null() {
-        // SAFETY: our own live cache.
-        unsafe {
-            if (*c).depth.fetch_add(1, Ordering::Relaxed) == 0 {
-                THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
-                (*c).active.store(mode.rows(), Ordering::Relaxed);
-            }
-        }
+        // SAFETY: our own live cache (owner).
+        unsafe { settle::thread_enter(c, mode.rows()) };
     }
     LoadPhase { kind: Kind::Thread(c), start, done: false }
 }
@@ -253,139 +194,41 @@ impl Drop for LoadPhase {
 
 fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
     if c.is_null() {
-        return finish_report(start, cache::LoadEnd::default(), 0);
+        return finish_report(start, LoadEnd::default(), 0);
     }
-    // SAFETY: caches are never freed; depth/active/end_pending are atomics.
-    let last = unsafe { (*c).depth.fetch_sub(1, Ordering::Relaxed) == 1 };
-    if last {
-        THREAD_PHASES.fetch_sub(1, Ordering::Relaxed);
-    }
-    let mut small = cache::LoadEnd::default();
-    let mut deferred = 0;
-    if last && !global_active() {
-        // SAFETY: as above.
-        unsafe { (*c).active.store(0, Ordering::Relaxed) };
-        if c == cache::mine() {
-            // SAFETY: the calling thread owns `c`.
-            small = unsafe { end_cache(c) };
-        } else {
-            // Dropped on another thread: the owner settles its rows at its next slow path.
-            // SAFETY: atomic flag.
-            unsafe { (*c).end_pending.store(true, Ordering::Release) };
-            deferred = 1;
-        }
-    }
+    // SAFETY: caches are never freed, and `c` had `thread_enter` when this guard was made.
+    let (small, deferred) = match unsafe { settle::thread_leave(c) } {
+        settle::ThreadLeave::Open => (LoadEnd::default(), 0),
+        settle::ThreadLeave::Settled(done) => (done, 0),
+        settle::ThreadLeave::Deferred => (LoadEnd::default(), 1),
+    };
     finish_report(start, small, deferred)
 }
 
-/// Settles a cache's load rows and retires its arena chunk.
-///
-/// # Safety
-/// - `c` is owned by the calling thread (or taken out of the pool by it).
-unsafe fn end_cache(c: *mut Cache) -> cache::LoadEnd {
-    // SAFETY: forwarded.
-    unsafe {
-        cache::end_arena(c);
-        cache::end_load_rows(c)
-    }
-}
-
 fn process_begin(mode: PhaseMode) -> Start {
-    CONTROL.lock();
-    if GLOBAL_DEPTH.fetch_add(1, Ordering::Relaxed) == 0 {
-        GLOBAL_ROWS.store(mode.rows(), Ordering::Relaxed);
-        cache::for_each_cache(|c| {
-            // SAFETY: caches are never freed; `active` is atomic.
-            unsafe { (*c).active.store(mode.rows(), Ordering::Relaxed) };
-        });
+    sync::PHASE_CONTROL.lock();
+    if phase_state::process_enter(mode.rows()) {
+        settle::switch_all(mode.rows());
     }
-    CONTROL.unlock();
+    sync::PHASE_CONTROL.unlock();
     snapshot()
 }
 
 fn process_end(start: Start) -> PhaseReport {
-    CONTROL.lock();
-    let last = GLOBAL_DEPTH.load(Ordering::Relaxed) == 1;
-    let mut small = cache::LoadEnd::default();
-    let mut deferred = 0;
-    if last {
-        let me = cache::mine();
-        cache::for_each_cache(|c| {
-            // SAFETY: caches are never freed; these fields are atomics.
-            unsafe {
-                if (*c).depth.load(Ordering::Relaxed) == 0 {
-                    (*c).active.store(0, Ordering::Relaxed);
-                    if c != me {
-                        (*c).end_pending.store(true, Ordering::Release);
-                    }
-                }
-            }
-        });
-        GLOBAL_DEPTH.store(0, Ordering::Relaxed);
-        // SAFETY: `me` is ours; pooled caches are exclusively ours inside with_pooled_caches.
-        unsafe {
-            if !me.is_null() && (*me).depth.load(Ordering::Relaxed) == 0 {
-                add(&mut small, end_cache(me));
-            }
-            cache::with_pooled_caches(|c| {
-                if (*c).end_pending.swap(false, Ordering::Acquire) {
-                    add(&mut small, end_cache(c));
-                }
-            });
-        }
-        cache::for_each_cache(|c| {
-            // SAFETY: atomic flag.
-            if c != me && unsafe { (*c).end_pending.load(Ordering::Relaxed) } {
-                deferred += 1;
-            }
-        });
+    sync::PHASE_CONTROL.lock();
+    let (small, deferred) = if phase_state::process_depth() == 1 {
+        phase_state::process_leave();
+        settle::end_process_phase()
     } else {
-        GLOBAL_DEPTH.fetch_sub(1, Ordering::Relaxed);
-    }
-    CONTROL.unlock();
+        phase_state::process_leave();
+        (LoadEnd::default(), 0)
+    };
+    sync::PHASE_CONTROL.unlock();
     finish_report(start, small, deferred)
-}
-
-/// Called by a cache's owner at its slow path when `end_pending` is set.
-///
-/// # Safety
-/// - `c` is owned by the calling thread.
-pub(crate) unsafe fn end_pending(c: *mut Cache) {
-    // SAFETY: owner only.
-    unsafe {
-        if (*c).end_pending.swap(false, Ordering::Acquire) && (*c).depth.load(Ordering::Relaxed) == 0 && !global_active() {
-            end_cache(c);
-        }
-    }
-}
-
-/// A cache adopted by a new thread starts in the phase the process is in, with no thread guard.
-///
-/// # Safety
-/// - `c` was just taken from the pool by the calling thread.
-pub(crate) unsafe fn on_adopt(c: *mut Cache) {
-    // SAFETY: exclusively ours.
-    unsafe {
-        if (*c).depth.swap(0, Ordering::Relaxed) > 0 {
-            THREAD_PHASES.fetch_sub(1, Ordering::Relaxed);
-        }
-        if global_active() {
-            (*c).active.store(global_rows(), Ordering::Relaxed);
-        } else {
-            (*c).active.store(0, Ordering::Relaxed);
-            (*c).end_pending.store(false, Ordering::Relaxed);
-            end_cache(c);
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------
 // The C API's phase (one process-wide phase opened by edgepool_load_begin or EDGEPOOL_LOAD_PHASE).
-
-static C_LOCK: RawLock = RawLock::new();
-static C_OPEN: AtomicUsize = AtomicUsize::new(0);
-static C_START: [AtomicU64; 5] =
-    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// The mode of C-API and start-up phases: `EDGEPOOL_LOAD_ARENA=1` picks the arena.
 fn c_mode() -> PhaseMode {
@@ -398,81 +241,32 @@ fn c_mode() -> PhaseMode {
 
 /// `edgepool_load_begin()`: opens (or nests) the process-wide load phase.
 pub fn c_begin() {
-    C_LOCK.lock();
+    sync::PHASE_C.lock();
     let s = process_begin(c_mode());
-    if C_OPEN.fetch_add(1, Ordering::Relaxed) == 0 {
-        C_START[0].store(s.t_ns, Ordering::Relaxed);
-        C_START[1].store(s.os_bytes as u64, Ordering::Relaxed);
-        C_START[2].store(s.large_allocs, Ordering::Relaxed);
-        C_START[3].store(s.purged as u64, Ordering::Relaxed);
-        C_START[4].store(s.arena_allocs, Ordering::Relaxed);
-    }
-    C_LOCK.unlock();
+    phase_state::c_open(s);
+    sync::PHASE_C.unlock();
 }
 
 /// `edgepool_load_end()`: closes the innermost phase opened by [`c_begin`]; `None` if none is open.
 pub fn c_end() -> Option<PhaseReport> {
-    C_LOCK.lock();
-    if C_OPEN.load(Ordering::Relaxed) == 0 {
-        C_LOCK.unlock();
-        return None;
-    }
-    let start = Start {
-        t_ns: C_START[0].load(Ordering::Relaxed),
-        os_bytes: C_START[1].load(Ordering::Relaxed) as usize,
-        large_allocs: C_START[2].load(Ordering::Relaxed),
-        purged: C_START[3].load(Ordering::Relaxed) as usize,
-        arena_allocs: C_START[4].load(Ordering::Relaxed),
-    };
-    C_OPEN.fetch_sub(1, Ordering::Relaxed);
-    let r = process_end(start);
-    C_LOCK.unlock();
-    Some(r)
+    sync::PHASE_C.lock();
+    let r = phase_state::c_close().map(process_end);
+    sync::PHASE_C.unlock();
+    r
 }
 
-// The start-up trigger.
-static TRIGGER_ARMED: AtomicBool = AtomicBool::new(false);
-static TRIGGER_FIRED: AtomicBool = AtomicBool::new(false);
-static TRIGGER_DEADLINE: AtomicU64 = AtomicU64::new(u64::MAX);
-
-extern "C" fn on_sigusr2(_: libc::c_int) {
-    TRIGGER_FIRED.store(true, Ordering::Relaxed);
-}
-
-/// Opens the start-up phase if `EDGEPOOL_LOAD_PHASE` asks for it (called once after initialisation).
-pub(crate) fn startup(o: &options::Values) {
-    if o.get(options::LOAD_PHASE) == 0 {
-        return;
-    }
-    let secs = o.get(options::LOAD_SECONDS);
-    if secs > 0 {
-        TRIGGER_DEADLINE.store(crate::os::now_ns().saturating_add(secs.saturating_mul(1_000_000_000)), Ordering::Relaxed);
-    }
-    // SAFETY: a plain sigaction with an async-signal-safe handler (one atomic store).
-    unsafe {
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = on_sigusr2 as extern "C" fn(libc::c_int) as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGUSR2, &sa, core::ptr::null_mut());
-    }
-    c_begin();
-    TRIGGER_ARMED.store(true, Ordering::Release);
-}
-
-/// Polled on allocation slow paths: ends the start-up phase once its trigger fired.
+/// Polled on allocation slow paths: ends the start-up phase (`EDGEPOOL_LOAD_PHASE=1`) once its
+/// trigger fired (`SIGUSR2`, or `EDGEPOOL_LOAD_SECONDS` passed). One relaxed load when not armed.
 #[inline]
 pub(crate) fn poll_trigger() {
-    if !TRIGGER_ARMED.load(Ordering::Relaxed) {
-        return;
+    if phase_state::trigger_armed() {
+        poll_trigger_slow();
     }
-    poll_trigger_slow();
 }
 
 #[cold]
 fn poll_trigger_slow() {
-    let due = TRIGGER_FIRED.load(Ordering::Relaxed) || crate::os::now_ns() >= TRIGGER_DEADLINE.load(Ordering::Relaxed);
-    if due && TRIGGER_ARMED.swap(false, Ordering::AcqRel) {
+    if phase_state::take_fired_trigger() {
         if let Some(r) = c_end() {
             if heap::options().get(options::VERBOSE) != 0 {
                 print_report(&r);
@@ -489,4 +283,96 @@ pub fn print_report(r: &PhaseReport) {
     m.str(" B, os ").num(r.os_bytes_before as u64).str(" -> ").num(r.os_bytes_after as u64);
     m.str(" B, ").num(r.duration.as_micros() as u64).str(" us\n");
     crate::os::write_stderr(m.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::size_class::{class_of, SLAB_SIZE};
+    use crate::slab::Slab;
+
+    /// A small block from the calling thread's cache (the routing layer is above this one).
+    fn alloc(size: usize) -> *mut u8 {
+        let c = class_of(size);
+        cache::alloc_fast(c).map_or_else(|| cache::alloc_slow(c), |p| p.as_ptr())
+    }
+
+    /// # Safety
+    /// - `p` is a live block from [`alloc`] (a slab slot), freed once.
+    unsafe fn free(p: *mut u8) {
+        // SAFETY: forwarded; the slab starts at the 64 KiB boundary below the slot.
+        unsafe { cache::free_small(p, (p as usize & !(SLAB_SIZE - 1)) as *mut Slab) }
+    }
+
+    // Unit tests share the process with other tests running at the same time, so these use only thread
+    // phases (a process-wide phase would switch every other test's thread too).
+
+    #[test]
+    fn a_thread_phase_segregates_counts_and_settles() {
+        std::thread::spawn(|| {
+            let before = alloc(64);
+            assert!(!cache::current_is_load());
+            let g = load_phase();
+            assert!(cache::current_is_load());
+            assert!(phase_state::any_active());
+            let inner = load_phase();
+            let mut keep = vec![];
+            for i in 0..5000usize {
+                let p = alloc(48 + i % 100);
+                assert!(!p.is_null());
+                if i % 10 == 0 {
+                    keep.push(p);
+                } else {
+                    // SAFETY: a live block of ours, freed once.
+                    unsafe { free(p) };
+                }
+            }
+            let r = inner.finish();
+            assert_eq!(r.allocations, 0, "an inner guard settles nothing");
+            assert!(cache::current_is_load(), "the outer guard is still open");
+            let r = g.finish();
+            assert!(!cache::current_is_load());
+            assert!(r.allocations >= 5000, "{r:?}");
+            assert!(r.survivor_bytes >= 500 * 48, "{r:?}");
+            assert_eq!(r.deferred_caches, 0);
+            cache::check_mine().unwrap();
+            // Survivors stay valid and can be freed after the phase.
+            for p in keep.into_iter().chain([before]) {
+                // SAFETY: live blocks of ours, freed once.
+                unsafe {
+                    p.write_bytes(1, 48);
+                    free(p);
+                }
+            }
+            cache::check_mine().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_guard_dropped_on_another_thread_defers_settling_to_the_owner() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            let g = load_phase();
+            let p = alloc(32);
+            tx.send(g).unwrap();
+            done_rx.recv().unwrap();
+            // The owner's next slow path settles; its allocations are run-phase ones again.
+            assert!(!cache::current_is_load());
+            let q = alloc(4000);
+            cache::check_mine().unwrap();
+            // SAFETY: live blocks of ours, freed once.
+            unsafe {
+                free(q);
+                free(p);
+            }
+        });
+        let g = rx.recv().unwrap();
+        let r = g.finish();
+        assert_eq!(r.deferred_caches, 1);
+        done_tx.send(()).unwrap();
+        owner.join().unwrap();
+    }
 }

@@ -15,8 +15,7 @@ pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
 /// Bytes of slab header before the bitmap (two cache lines: owner's, then remote-free state).
 pub const SLAB_HEADER: usize = 128;
 
-pub const CLASS_SIZES: [usize; 16] =
-    [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
+pub const CLASS_SIZES: [usize; 16] = [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
 pub const NCLASSES: usize = CLASS_SIZES.len();
 
 /// Natural alignment of a slot size: the largest power of two dividing it, capped at 4096.

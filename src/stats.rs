@@ -1,11 +1,13 @@
 //! Statistics: one declarative list of counters generates the live atomic struct and its snapshot.
 //!
-//! Counters are bumped with relaxed atomics on slow paths only (slab refills, block allocation, thread
-//! start and exit); the small-object fast paths stay free of shared writes. Heap-wide figures (bytes
-//! taken from the OS, free and dirty bytes) are read from the heap under its lock by
-//! [`crate::stats()`].
+//! Counters are added to with relaxed atomics on slow paths only (slab refills, block allocation,
+//! thread start and exit); the small-object fast paths stay free of shared writes. Heap-wide figures
+//! (bytes taken from the OS, free and dirty bytes) are filled in by the heap under its lock
+//! (`heap::stats`); [`write_report`] prints a report without allocating.
 
 use core::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::os;
 
 macro_rules! counters {
     ($($(#[doc = $doc:literal])* $name:ident,)*) => {
@@ -34,9 +36,11 @@ counters! {
     slabs_acquired,
     /// slabs given back to the buddy heap (became empty)
     slabs_released,
-    /// slab refills: times a thread's current slab of a class ran out
+    /// allocation slow paths: a small request that found neither a recently freed slot nor a free bit
+    /// in its row's checked-out word (a new word, slab or thread cache follows)
     slab_refills,
-    /// blocks freed by another thread than their slab's owner
+    /// slabs queued for their owner by another thread's free (the first remote free into a slab since
+    /// its owner last collected them; later ones join the same queue entry uncounted)
     remote_frees,
     /// large (buddy) allocations
     large_allocs,
@@ -70,14 +74,42 @@ counters! {
 
 pub static COUNTERS: Counters = Counters::new();
 
+/// Adds `by` to counter `c`.
 #[inline]
-pub fn bump(c: &AtomicUsize, by: usize) {
+pub fn add(c: &AtomicUsize, by: usize) {
     c.fetch_add(by, Ordering::Relaxed);
 }
 
+/// Subtracts `by` from counter `c` (gauges such as `direct_bytes`).
 #[inline]
-pub fn drop_by(c: &AtomicUsize, by: usize) {
+pub fn sub(c: &AtomicUsize, by: usize) {
     c.fetch_sub(by, Ordering::Relaxed);
+}
+
+/// Bytes held in slabs: slabs taken minus slabs given back, at the slab size.
+pub fn slab_bytes() -> usize {
+    let s = COUNTERS.slabs_acquired.load(Ordering::Relaxed);
+    let r = COUNTERS.slabs_released.load(Ordering::Relaxed);
+    s.saturating_sub(r) * crate::size_class::SLAB_SIZE
+}
+
+/// Writes the statistics report `s` to file descriptor `fd`, one figure a line, without allocating.
+pub fn write_report(fd: libc::c_int, s: &Stats) {
+    os::write_fd(fd, b"edgepool statistics\n");
+    let figures = [
+        ("os_bytes", s.os_bytes),
+        ("peak_os_bytes", s.peak_os_bytes),
+        ("committed_bytes", s.committed_bytes),
+        ("free_bytes", s.free_bytes),
+        ("dirty_free_bytes", s.dirty_free_bytes),
+        ("slab_bytes", s.slab_bytes),
+        ("limit_bytes", s.limit_bytes),
+    ];
+    for (name, v) in figures.into_iter().chain(s.counters.fields()) {
+        let mut m = os::MsgBuf::new();
+        m.str("  ").str(name).str(" ").num(v as u64).str("\n");
+        os::write_fd(fd, m.as_bytes());
+    }
 }
 
 /// A full statistics report.

@@ -1,31 +1,92 @@
-//! The raw lock used by every global structure of the allocator.
+//! The raw lock, and every lock of the allocator in one place, in one order.
 //!
-//! A three-state futex mutex (Drepper, "Futexes are tricky"): 0 unlocked, 1 locked, 2 locked with
-//! waiters. It never allocates (unlike `parking_lot`, whose parking table is heap-allocated and would
-//! re-enter the allocator), spins briefly before sleeping, and can be reset in a `fork` child.
+//! [`RawLock`] is a three-state futex mutex (Drepper, "Futexes are tricky"): 0 unlocked, 1 locked,
+//! 2 locked with waiters. It never allocates (unlike `parking_lot`, whose parking table is
+//! heap-allocated and would re-enter the allocator) and spins briefly before sleeping.
+//!
+//! # The lock order
+//! The allocator has exactly the locks below, and a thread that holds several took them in this order
+//! (outermost first). Debug builds check it on every acquisition (a per-thread mask of held ranks) and
+//! abort with the two names when it is broken. [`fork_prepare`] takes them all in this order before
+//! `fork`, so no child inherits a held lock; [`fork_parent`] releases them and [`fork_child`] resets
+//! them. `init` registers these three once, with `pthread_atfork`.
+//!
+//! | rank | lock | guards | taken by |
+//! |---|---|---|---|
+//! | 0 | [`PHASE_C`] | the C API's phase (`edgepool_load_begin/end`, the start-up trigger) | `phase` |
+//! | 1 | [`PHASE_CONTROL`] | process-wide phase begin and end | `phase` |
+//! | 2 | [`CACHE_KEY`] | creation of the thread-exit key | `cache::life` |
+//! | 3 | [`CACHE_POOL`] | the pool of abandoned thread caches | `cache::life` |
+//! | 4 | [`HEAP`] | the buddy heap, its purge state and budget | `heap` |
+//! | 5 | [`DIRECT`] | the table of direct mappings | `direct` |
+//!
+//! A function that needs the heap's figures while it works on a direct mapping therefore takes
+//! [`HEAP`] first (or drops [`DIRECT`] before it asks).
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::os;
 
+/// A futex lock with a fixed place in the lock order.
 pub struct RawLock {
     /// 0 = unlocked, 1 = locked without waiters, 2 = locked, maybe with waiters.
     state: AtomicU32,
+    /// Place in the lock order (see the module documentation); ranks are distinct. Read by the
+    /// debug-build order check and the tests.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
+    rank: u32,
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
+    name: &'static str,
 }
 
-impl Default for RawLock {
-    fn default() -> Self {
-        Self::new()
-    }
+pub static PHASE_C: RawLock = RawLock::new(0, "phase C API");
+pub static PHASE_CONTROL: RawLock = RawLock::new(1, "phase control");
+pub static CACHE_KEY: RawLock = RawLock::new(2, "cache key");
+pub static CACHE_POOL: RawLock = RawLock::new(3, "cache pool");
+pub static HEAP: RawLock = RawLock::new(4, "heap");
+pub static DIRECT: RawLock = RawLock::new(5, "direct table");
+
+/// Every lock, in the order they are taken.
+static ORDER: [&RawLock; 6] = [&PHASE_C, &PHASE_CONTROL, &CACHE_KEY, &CACHE_POOL, &HEAP, &DIRECT];
+
+#[cfg(debug_assertions)]
+std::thread_local! {
+    /// Debug builds: bit `r` is set while this thread holds the lock of rank `r`. A `const`
+    /// initialiser and no destructor, so it never registers one (which would allocate).
+    static HELD: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
 }
 
 impl RawLock {
-    pub const fn new() -> Self {
-        RawLock { state: AtomicU32::new(0) }
+    const fn new(rank: u32, name: &'static str) -> Self {
+        RawLock { state: AtomicU32::new(0), rank, name }
+    }
+
+    /// Debug builds: aborts if the calling thread holds this lock or one that comes after it.
+    #[inline]
+    fn note_acquire(&self) {
+        #[cfg(debug_assertions)]
+        HELD.with(|h| {
+            let held = h.get();
+            if let Some(later) = out_of_order(held, self.rank) {
+                let later = ORDER[later as usize];
+                let mut m = os::MsgBuf::new();
+                m.str("lock order broken: taking '").str(self.name).str("' while holding '").str(later.name);
+                m.str("'");
+                os::fatal(m.as_bytes());
+            }
+            h.set(held | 1 << self.rank);
+        });
+    }
+
+    #[inline]
+    fn note_release(&self) {
+        #[cfg(debug_assertions)]
+        HELD.with(|h| h.set(h.get() & !(1 << self.rank)));
     }
 
     #[inline]
     pub fn lock(&self) {
+        self.note_acquire();
         if self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_slow();
         }
@@ -48,14 +109,88 @@ impl RawLock {
 
     #[inline]
     pub fn unlock(&self) {
+        self.note_release();
         if self.state.swap(0, Ordering::Release) == 2 {
             os::futex_wake(&self.state);
         }
     }
 
     /// Forces the lock to the unlocked state. Only for a `fork` child, where the thread that held it
-    /// no longer exists.
-    pub fn reset(&self) {
+    /// no longer exists (or is the forking thread, which took it in [`fork_prepare`]).
+    fn reset(&self) {
+        self.note_release();
         self.state.store(0, Ordering::Relaxed);
+    }
+}
+
+/// With the ranks in the mask `held` held, taking a lock of rank `rank` breaks the order if a lock of
+/// that rank or a later one is held: returns the rank of the latest such lock.
+#[cfg_attr(not(debug_assertions), allow(dead_code))]
+fn out_of_order(held: u32, rank: u32) -> Option<u32> {
+    let later = held >> rank << rank;
+    (later != 0).then(|| 31 - later.leading_zeros())
+}
+
+/// The `pthread_atfork` prepare handler: takes every lock, in the order.
+pub extern "C" fn fork_prepare() {
+    for l in ORDER {
+        l.lock();
+    }
+}
+
+/// The parent's handler: releases every lock, in reverse order.
+pub extern "C" fn fork_parent() {
+    for l in ORDER.iter().rev() {
+        l.unlock();
+    }
+}
+
+/// The child's handler: only the forking thread exists, and it holds every lock; reset them all.
+///
+/// The other threads' caches may have been in the middle of a lock-free fast path at the fork, so they
+/// are left as they are (their memory stays reserved; frees into their slabs queue up harmlessly)
+/// rather than adopted in a possibly torn state.
+pub extern "C" fn fork_child() {
+    for l in ORDER.iter().rev() {
+        l.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taking_an_earlier_lock_while_holding_a_later_one_is_out_of_order() {
+        // Holding the heap (4), taking the direct table (5): in order.
+        assert_eq!(out_of_order(1 << HEAP.rank, DIRECT.rank), None);
+        // Holding the direct table, taking the heap: the inversion of issue 9.
+        assert_eq!(out_of_order(1 << DIRECT.rank, HEAP.rank), Some(DIRECT.rank));
+        // Taking a lock already held.
+        assert_eq!(out_of_order(1 << HEAP.rank, HEAP.rank), Some(HEAP.rank));
+        assert_eq!(
+            out_of_order((1 << PHASE_C.rank) | (1 << CACHE_POOL.rank), PHASE_CONTROL.rank),
+            Some(CACHE_POOL.rank)
+        );
+        assert_eq!(out_of_order(0, PHASE_C.rank), None);
+    }
+
+    #[test]
+    fn order_lists_the_locks_by_rank() {
+        for (i, l) in ORDER.iter().enumerate() {
+            assert_eq!(l.rank, i as u32, "{}", l.name);
+        }
+    }
+
+    #[test]
+    fn locks_taken_in_order_and_released_in_any_order() {
+        CACHE_POOL.lock();
+        DIRECT.lock();
+        CACHE_POOL.unlock();
+        DIRECT.unlock();
+        fork_prepare();
+        fork_parent();
+        #[cfg(debug_assertions)]
+        assert_eq!(HELD.with(|h| h.get()), 0);
     }
 }

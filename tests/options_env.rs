@@ -19,7 +19,12 @@ fn run_child(test: &str, env: &[(&str, &str)]) -> std::process::Output {
 fn environment_sets_options_and_verbose_prints_them() {
     let out = run_child(
         "child_sees_options",
-        &[("EDGEPOOL_MAX_BLOCK", "1M"), ("EDGEPOOL_RETAIN", "0"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_VERBOSE", "1")],
+        &[
+            ("EDGEPOOL_MAX_BLOCK", "1M"),
+            ("EDGEPOOL_RETAIN", "0"),
+            ("EDGEPOOL_PURGE_DELAY", "0"),
+            ("EDGEPOOL_VERBOSE", "1"),
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed: {stderr}\n{}", String::from_utf8_lossy(&out.stdout));

@@ -57,7 +57,12 @@ fn field(line: &str, key: &str) -> usize {
 fn child_load_without_phase() {
     let (nodes, weights) = load_model(400_000);
     edgepool::trim();
-    println!("RESULT rss={} os={} n={}", edgepool::os::rss_bytes(), edgepool::stats().os_bytes, nodes.len() + weights.len());
+    println!(
+        "RESULT rss={} os={} n={}",
+        edgepool::os::rss_bytes(),
+        edgepool::stats().os_bytes,
+        nodes.len() + weights.len()
+    );
 }
 
 #[test]

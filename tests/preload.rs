@@ -12,11 +12,41 @@ use common::preload::{compile_c, lib, run_with, stat, tmp_dir};
 
 /// Every symbol the library must export.
 const REQUIRED: &[&str] = &[
-    "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc", "memalign",
-    "valloc", "pvalloc", "malloc_usable_size", "free_sized", "free_aligned_sized", "cfree", "malloc_trim",
-    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "malloc_info", "__libc_malloc", "__libc_free",
-    "__libc_calloc", "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc", "__libc_cfree",
-    "__posix_memalign", "edgepool_version", "edgepool_trim", "edgepool_print_stats", "edgepool_set_limit", "edgepool_load_begin", "edgepool_load_end",
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+    "malloc_usable_size",
+    "free_sized",
+    "free_aligned_sized",
+    "cfree",
+    "malloc_trim",
+    "mallopt",
+    "mallinfo",
+    "mallinfo2",
+    "malloc_stats",
+    "malloc_info",
+    "__libc_malloc",
+    "__libc_free",
+    "__libc_calloc",
+    "__libc_realloc",
+    "__libc_memalign",
+    "__libc_valloc",
+    "__libc_pvalloc",
+    "__libc_cfree",
+    "__posix_memalign",
+    "edgepool_version",
+    "edgepool_trim",
+    "edgepool_print_stats",
+    "edgepool_set_limit",
+    "edgepool_load_begin",
+    "edgepool_load_end",
 ];
 
 #[test]
@@ -116,7 +146,11 @@ fn same_output(mut make: impl FnMut() -> Command) -> Output {
     assert!(plain.status.success(), "plain run failed: {}", String::from_utf8_lossy(&plain.stderr));
     let pre = run_with(&mut make(), true, &[("EDGEPOOL_STATS", "1")]);
     assert!(pre.status.success(), "preloaded run failed: {}", String::from_utf8_lossy(&pre.stderr));
-    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout), "output differs under edgepool");
+    assert_eq!(
+        String::from_utf8_lossy(&pre.stdout),
+        String::from_utf8_lossy(&plain.stdout),
+        "output differs under edgepool"
+    );
     assert!(!pre.stdout.is_empty());
     pre
 }
@@ -146,7 +180,10 @@ fn sqlite3_scripted_workload() {
     let sql = std::fs::read(programs().join("sqlite_workload.sql")).unwrap();
     let run = |preload: bool| {
         let mut c = Command::new("sqlite3");
-        c.arg(":memory:").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        c.arg(":memory:")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         if preload {
             c.env("LD_PRELOAD", lib()).env("EDGEPOOL_STATS", "1");
         }
@@ -184,7 +221,10 @@ fn ort_python() -> Option<PathBuf> {
     let candidate = std::env::var_os("EDGEPOOL_TEST_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python"));
-    let ok = Command::new(&candidate).args(["-c", "import onnxruntime, onnx, numpy"]).output().is_ok_and(|o| o.status.success());
+    let ok = Command::new(&candidate)
+        .args(["-c", "import onnxruntime, onnx, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if ok {
         return Some(candidate);
     }
@@ -205,7 +245,11 @@ fn onnxruntime_inference_session_identical_under_edgepool() {
     let pre = run_with(Command::new(&python).arg(&script).arg(&model_b), true, &[("EDGEPOOL_STATS", "1")]);
     let stderr = String::from_utf8_lossy(&pre.stderr);
     assert!(pre.status.success(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&pre.stdout), String::from_utf8_lossy(&plain.stdout), "inference output differs");
+    assert_eq!(
+        String::from_utf8_lossy(&pre.stdout),
+        String::from_utf8_lossy(&plain.stdout),
+        "inference output differs"
+    );
     assert_eq!(std::fs::read(&model_a).unwrap(), std::fs::read(&model_b).unwrap());
     assert!(stat(&stderr, "slab_refills") > 1000, "onnxruntime did not allocate through edgepool:\n{stderr}");
     assert!(stat(&stderr, "large_allocs") > 10, "{stderr}");
@@ -246,7 +290,11 @@ fn budget_refuses_cleanly_and_recovers_in_c() {
 
 #[test]
 fn startup_phase_ends_on_sigusr2() {
-    let out = run_with(Command::new(phase_exe()).arg("trigger"), true, &[("EDGEPOOL_LOAD_PHASE", "1"), ("EDGEPOOL_VERBOSE", "1")]);
+    let out = run_with(
+        Command::new(phase_exe()).arg("trigger"),
+        true,
+        &[("EDGEPOOL_LOAD_PHASE", "1"), ("EDGEPOOL_VERBOSE", "1")],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}{stderr}", String::from_utf8_lossy(&out.stdout));
     assert!(stderr.contains("edgepool: load phase ended:"), "no report printed: {stderr}");

@@ -95,10 +95,7 @@ fn child_on_demand() {
     assert!(s.dirty_free_bytes + 31 * MIB <= dirty, "nothing was purged on demand: {dirty} -> {}", s.dirty_free_bytes);
     assert!(s.dirty_free_bytes >= retain.min(dirty), "purged more than needed");
     let rss_big = edgepool::os::rss_bytes();
-    assert!(
-        rss_big < rss_holes + 4 * MIB,
-        "the resident set grew by the fresh block: {rss_holes} -> {rss_big}"
-    );
+    assert!(rss_big < rss_holes + 4 * MIB, "the resident set grew by the fresh block: {rss_holes} -> {rss_big}");
     // The holes left are reused, resident, without purging anything.
     let purged = s.counters.purged_bytes;
     let again: Vec<Vec<u8>> = (0..4).map(|_| vec![3u8; MIB]).collect();

@@ -2,6 +2,10 @@
 //! with a pattern derived from its address, hand a share of their blocks to other threads to free, and
 //! verify every pattern before freeing. Any corruption fails the test. Scale with
 //! `EDGEPOOL_TEST_SCALE=N`.
+//!
+//! In debug builds (where the allocator's `debug_assert!`s and its lock-order check run), every
+//! operation is followed by a walk of the thread's cache (`check_thread_cache`: rows, words, stacks,
+//! slab lists and bitmaps), and every 256th by a walk of the heap; the rounds are fewer.
 
 mod common;
 
@@ -31,6 +35,16 @@ fn random_size(rng: &mut Rng) -> usize {
     }
 }
 
+/// Debug builds: checks the calling thread's cache after an operation (and the heap now and then).
+fn check_after_op(op: usize) {
+    if cfg!(debug_assertions) {
+        edgepool::check_thread_cache().unwrap_or_else(|e| panic!("thread cache after operation {op}: {e}"));
+        if op % 256 == 0 {
+            edgepool::check_heap().unwrap_or_else(|e| panic!("heap after operation {op}: {e}"));
+        }
+    }
+}
+
 fn alloc_block(rng: &mut Rng) -> Block {
     let size = random_size(rng);
     let p = edgepool::raw::alloc(size, 16);
@@ -52,7 +66,7 @@ fn check_and_free(b: Block) {
 #[test]
 fn threads_exchange_blocks_and_verify_patterns() {
     let threads = 4;
-    let rounds = 100_000 * scale();
+    let rounds = if cfg!(debug_assertions) { 20_000 } else { 100_000 } * scale();
     let barrier = Arc::new(Barrier::new(threads));
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel::<Vec<Block>>()).unzip();
     let mut handles = vec![];
@@ -67,6 +81,7 @@ fn threads_exchange_blocks_and_verify_patterns() {
                 // Allocate, sometimes realloc, sometimes free locally.
                 let b = alloc_block(&mut rng);
                 live.push(b);
+                check_after_op(round);
                 if rng.below(10) == 0 && !live.is_empty() {
                     let k = rng.below(live.len() as u64) as usize;
                     let b = &mut live[k];
@@ -80,6 +95,7 @@ fn threads_exchange_blocks_and_verify_patterns() {
                         fill(q, new_size.min(256), q as usize);
                         *b = Block { ptr: q as usize, size: new_size, key: q as usize };
                     }
+                    check_after_op(round);
                 }
                 if live.len() > 200 {
                     // Send a third to another thread, free a third here.
@@ -90,12 +106,14 @@ fn threads_exchange_blocks_and_verify_patterns() {
                     for _ in 0..n {
                         let k = rng.below(live.len() as u64) as usize;
                         check_and_free(live.swap_remove(k));
+                        check_after_op(round);
                     }
                 }
                 if round % 64 == 0 {
                     while let Ok(batch) = rx.try_recv() {
                         for b in batch {
                             check_and_free(b);
+                            check_after_op(round);
                         }
                     }
                 }
@@ -120,4 +138,3 @@ fn threads_exchange_blocks_and_verify_patterns() {
     assert!(s.counters.remote_frees > 0, "the test must exercise cross-thread frees");
     edgepool::check_heap().unwrap();
 }
-

@@ -47,7 +47,9 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> String {
 }
 
 fn get<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("{key} in {line}"))
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} in {line}"))
 }
 
 fn num(line: &str, key: &str) -> usize {
@@ -75,12 +77,16 @@ fn tract_loads_a_unet_with_less_memory_after_the_phase() {
     assert!(rss_phase < rss_plain, "RSS after load: {rss_phase} with the phase, {rss_plain} without");
     // The report is consistent: what remains held after the phase is what the phase began with plus
     // its survivors (and at most a few partly used slabs); what it let go was really released.
-    let (before, after, peak) = (num(&phase, "phase_os_before"), num(&phase, "phase_os_after"), num(&phase, "phase_peak"));
+    let (before, after, peak) =
+        (num(&phase, "phase_os_before"), num(&phase, "phase_os_after"), num(&phase, "phase_peak"));
     let (survivors, released) = (num(&phase, "phase_survivors"), num(&phase, "phase_released"));
     assert!(released > 0, "{phase}");
     assert!(survivors >= 6 << 20, "the weights survive loading: {phase}");
     assert!(survivors <= peak - before, "{phase}");
-    assert!(after <= before + survivors + (4 << 20), "held after the phase {after} > before {before} + survivors {survivors}: {phase}");
+    assert!(
+        after <= before + survivors + (4 << 20),
+        "held after the phase {after} > before {before} + survivors {survivors}: {phase}"
+    );
     assert!(num(&phase, "phase_allocations") > 1000);
     std::fs::remove_dir_all(&dir).unwrap();
 }

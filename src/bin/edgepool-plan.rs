@@ -34,8 +34,14 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a =
-        Args { json: false, strategy: Strategy::Search, align: 1, budget: Budget::default(), input_shape: None, files: vec![] };
+    let mut a = Args {
+        json: false,
+        strategy: Strategy::Search,
+        align: 1,
+        budget: Budget::default(),
+        input_shape: None,
+        files: vec![],
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -47,7 +53,8 @@ fn parse_args() -> Result<Args, String> {
             }
             "--align" => {
                 let v = value("--align")?;
-                a.align = v.parse().ok().filter(|x: &u64| x.is_power_of_two()).ok_or_else(|| format!("bad --align '{v}'"))?;
+                a.align =
+                    v.parse().ok().filter(|x: &u64| x.is_power_of_two()).ok_or_else(|| format!("bad --align '{v}'"))?;
             }
             "--budget-ms" => {
                 let v = value("--budget-ms")?;

@@ -23,7 +23,9 @@ pub struct PlannedArena {
 pub enum ArenaError {
     Plan(PlanError),
     /// The allocator returned null (out of memory or over the budget).
-    OutOfMemory { bytes: usize },
+    OutOfMemory {
+        bytes: usize,
+    },
 }
 
 impl std::fmt::Display for ArenaError {
@@ -54,11 +56,8 @@ impl PlannedArena {
                 off += page;
             }
         }
-        let slices = tensors
-            .iter()
-            .zip(&plan.offsets)
-            .map(|(t, &o)| (t.id.clone(), (o as usize, t.size as usize)))
-            .collect();
+        let slices =
+            tensors.iter().zip(&plan.offsets).map(|(t, &o)| (t.id.clone(), (o as usize, t.size as usize))).collect();
         Ok(PlannedArena { ptr, size, align, slices })
     }
 

@@ -45,7 +45,10 @@ pub fn parse(text: &str, default_align: u64) -> Result<Vec<Tensor>, ParseError> 
     };
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
     if cols.len() < 4 || cols[..4] != ["tensor_id", "size_bytes", "first_op", "last_op"] {
-        return Err(err(hline, format!("bad header '{header}': expected 'tensor_id,size_bytes,first_op,last_op[,align]'")));
+        return Err(err(
+            hline,
+            format!("bad header '{header}': expected 'tensor_id,size_bytes,first_op,last_op[,align]'"),
+        ));
     }
     let has_align = cols.get(4) == Some(&"align");
     let mut seen = HashSet::new();

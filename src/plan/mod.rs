@@ -255,7 +255,7 @@ fn order_by_breadth(tensors: &[Tensor]) -> Vec<usize> {
     let mut at_op: Vec<Vec<usize>> = vec![Vec::new(); ops + 1];
     for (i, t) in tensors.iter().enumerate() {
         // Difference array for the breadth; the tensor is listed at each op it is live at.
-        breadth[t.first as usize] += t.size;
+        breadth[t.first as usize] = breadth[t.first as usize].wrapping_add(t.size);
         breadth[t.last as usize + 1] = breadth[t.last as usize + 1].wrapping_sub(t.size);
         for op in t.first..=t.last {
             at_op[op as usize].push(i);
@@ -301,9 +301,13 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget) -> (Vec<u64>, u64) {
     let by_size = order_by_size(tensors);
     let by_breadth = order_by_breadth(tensors);
     let mut by_life: Vec<usize> = (0..n).collect();
-    by_life.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].last - tensors[i].first), std::cmp::Reverse(tensors[i].size), i));
+    by_life.sort_by_key(|&i| {
+        (std::cmp::Reverse(tensors[i].last - tensors[i].first), std::cmp::Reverse(tensors[i].size), i)
+    });
     let mut by_area: Vec<usize> = (0..n).collect();
-    by_area.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size as u128 * (tensors[i].last - tensors[i].first + 1) as u128), i));
+    by_area.sort_by_key(|&i| {
+        (std::cmp::Reverse(tensors[i].size as u128 * (tensors[i].last - tensors[i].first + 1) as u128), i)
+    });
     let seeds: [(&[usize], bool); 8] = [
         (&by_size, true),
         (&by_breadth, true),

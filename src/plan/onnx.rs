@@ -61,7 +61,13 @@ pub fn tensors_from_onnx(path: &Path, input_shape: Option<&[usize]>) -> Result<V
             };
             let size = (shape.iter().product::<usize>() * fact.datum_type.size_of()) as u64;
             let first = if inputs.contains(&id) { 0 } else { op };
-            let mut last = typed.outlet_successors(outlet).iter().filter_map(|s| op_of.get(&s.node)).copied().max().unwrap_or(first);
+            let mut last = typed
+                .outlet_successors(outlet)
+                .iter()
+                .filter_map(|s| op_of.get(&s.node))
+                .copied()
+                .max()
+                .unwrap_or(first);
             if outputs.contains(&outlet) {
                 last = last_op;
             }

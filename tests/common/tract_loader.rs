@@ -37,19 +37,43 @@ pub fn use_system() -> bool {
 unsafe impl GlobalAlloc for Switch {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded.
-        unsafe { if use_system() { System.alloc(l) } else { EDGEPOOL.alloc(l) } }
+        unsafe {
+            if use_system() {
+                System.alloc(l)
+            } else {
+                EDGEPOOL.alloc(l)
+            }
+        }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: forwarded to the allocator that made `p`.
-        unsafe { if use_system() { System.dealloc(p, l) } else { EDGEPOOL.dealloc(p, l) } }
+        unsafe {
+            if use_system() {
+                System.dealloc(p, l)
+            } else {
+                EDGEPOOL.dealloc(p, l)
+            }
+        }
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded.
-        unsafe { if use_system() { System.alloc_zeroed(l) } else { EDGEPOOL.alloc_zeroed(l) } }
+        unsafe {
+            if use_system() {
+                System.alloc_zeroed(l)
+            } else {
+                EDGEPOOL.alloc_zeroed(l)
+            }
+        }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         // SAFETY: forwarded to the allocator that made `p`.
-        unsafe { if use_system() { System.realloc(p, l, n) } else { EDGEPOOL.realloc(p, l, n) } }
+        unsafe {
+            if use_system() {
+                System.realloc(p, l, n)
+            } else {
+                EDGEPOOL.realloc(p, l, n)
+            }
+        }
     }
 }
 
@@ -114,12 +138,23 @@ impl Builder {
             return y;
         }
         let r = format!("r{n}");
-        self.g.node.push(pb::NodeProto { op_type: "Relu".into(), input: vec![y], output: vec![r.clone()], ..Default::default() });
+        self.g.node.push(pb::NodeProto {
+            op_type: "Relu".into(),
+            input: vec![y],
+            output: vec![r.clone()],
+            ..Default::default()
+        });
         r
     }
 
     fn node(&mut self, op: &str, inputs: Vec<String>, output: &str, attribute: Vec<pb::AttributeProto>) {
-        self.g.node.push(pb::NodeProto { op_type: op.into(), input: inputs, output: vec![output.into()], attribute, ..Default::default() });
+        self.g.node.push(pb::NodeProto {
+            op_type: op.into(),
+            input: inputs,
+            output: vec![output.into()],
+            attribute,
+            ..Default::default()
+        });
     }
 }
 
@@ -144,7 +179,8 @@ fn unet(c: i64, seed: u64) -> pb::ModelProto {
     x = b.conv(&x, c * 16, c * 16, 3, true);
     cin = c * 16;
     for (level, (skip, ch)) in skips.into_iter().enumerate().rev() {
-        let (w, bias, up, cat) = (format!("uw{level}"), format!("ub{level}"), format!("up{level}"), format!("cat{level}"));
+        let (w, bias, up, cat) =
+            (format!("uw{level}"), format!("ub{level}"), format!("up{level}"), format!("cat{level}"));
         b.g.initializer.push(tensor(&w, &[cin, ch, 2, 2], &mut b.seed, (1.0 / cin as f32).sqrt()));
         b.g.initializer.push(tensor(&bias, &[ch], &mut b.seed, 0.0));
         b.node("ConvTranspose", vec![x, w, bias], &up, vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])]);
@@ -253,4 +289,3 @@ pub fn load_with(path: &str, mode: Option<edgepool::PhaseMode>) -> TractResult<(
     println!();
     Ok(())
 }
-

@@ -1,0 +1,930 @@
+//! Thread-local caches: the small-object fast path.
+//!
+//! Call tree (`global` routes small requests here):
+//! ```text
+//! alloc_fast(class)             [inline(always)]  TLS load, row: pop the stack of recent frees, else
+//!                                                 take the lowest bit of the checked-out word
+//!   (miss: global's cold path)  → alloc_slow(class)   [cold]  thread setup, next word, remote frees,
+//!                                                               partial list, new slab (or arena)
+//! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
+//!                                                 (or, when full, set the bit in word or bitmap)
+//!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
+//!   └─ remote::free(p, slab)    [cold]  CAS onto the slab's remote list (+ queue the slab once)
+//! ```
+//! Instruction budget, measured (`cargo build --release --example asm_probe && python3
+//! scripts/fast-path-insns.py`, x86-64): from the entry of `raw::alloc` to its return, an allocation
+//! that hits the row's stack runs 21 instructions and one that hits the checked-out word 27, both
+//! including the size check, the size-class table, the TLS load and the row's allocation count (one
+//! `inc` on the row's line: the phase reports count every allocation); a free by the owner onto the
+//! stack runs 46, including the page-map lookup, the owner compare and the interior-pointer check.
+//! (Before the rows were reached through `rows_now` and slabs recorded their row's byte offset: 24,
+//! 30 and 51.)
+//!
+//! Double frees are caught when a slot reaches the bitmap: at once on the bitmap path, at flush for a
+//! slot freed twice onto the stack, and not at all if the stacked duplicate is handed out again first
+//! (as with mimalloc's free lists).
+//!
+//! # Ownership, said once
+//! A cache is used by exactly one thread at a time: the thread whose TLS points at it, or the thread
+//! that took it out of the pool of abandoned caches ([`life`]). That thread *owns* the cache; every
+//! `unsafe fn` here that takes `cache: *mut Cache` (or a row of it, or a slab of it) requires it, and
+//! the `// SAFETY:` comments say "owner" for that. Only the owner touches the rows, `spare`, `chunk`,
+//! and its slabs' owner lines and bitmaps. Other threads touch only atomics: `rows_now` and
+//! `settle_pending` (phase switches, [`settle`]), `depth` (read), `remote` and a slab's `shared` line
+//! ([`remote`]). Rows are reached only through raw pointers ([`row`]), never through a `&mut` to the
+//! rows array, so a row pointer held by a caller stays valid while a callee reaches another row; and
+//! no reference is ever formed to the static empty cache, which every new thread reads at once.
+
+pub mod life;
+pub mod remote;
+pub mod settle;
+
+use core::cell::UnsafeCell;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+use crate::arena::{self, Chunk};
+use crate::buddy::PageKind;
+use crate::heap;
+use crate::os;
+use crate::phase_state::{RowSet, NSETS};
+use crate::size_class::{NCLASSES, SLAB_SHIFT, SLAB_SIZE};
+use crate::slab::{self, OwnerId, Slab, SlabState};
+use crate::stats::{self, COUNTERS};
+
+pub use life::{collect_abandoned, current, mine};
+pub use settle::LoadEnd;
+
+pub const ROWS: usize = NSETS * NCLASSES;
+/// `widx` when no word is checked out.
+const NO_WORD: u32 = u32::MAX;
+/// Capacity of a row's stack of recently freed slots (fills the row to three cache lines).
+pub const STACK: usize = 16;
+
+/// One class's slabs in one row set: the allocation fast path reads only this row.
+///
+/// Invariants:
+/// - `current` is a live slab in state `Current` owned by this cache, or the static empty slab;
+/// - when `widx != NO_WORD`, bitmap word `widx` of `current` is *checked out*: it reads 0 in the slab
+///   and its free bits live in `word`; `base` is the address of the slot of bit 0 of that word and
+///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
+///   when `widx == NO_WORD`, `word == 0`;
+/// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `Partial` for
+///   this row, and `full` likewise of its slabs in state `Full`, so that every slab of a row is
+///   reachable (`current`, `partial`, `full`);
+/// - `count` is the number of slots the row has handed out since it was last settled (phase reports);
+/// - `stack[..top]` are distinct free slots of this row's slabs (any of them, not only `current`),
+///   recently freed by the owner. Their bitmap bits are clear: to their slab they still count as in
+///   use, until they are handed out again or flushed back ([`flush_stack`]).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct ClassState {
+    top: u32,
+    widx: u32,
+    word: u64,
+    base: *mut u8,
+    size: usize,
+    current: *mut Slab,
+    partial: *mut Slab,
+    full: *mut Slab,
+    count: u64,
+    stack: [*mut u8; STACK],
+}
+
+const _: () = assert!(core::mem::size_of::<ClassState>() == 192);
+
+const EMPTY_ROW: ClassState = ClassState {
+    top: 0,
+    widx: NO_WORD,
+    word: 0,
+    base: core::ptr::null_mut(),
+    size: 0,
+    current: empty_slab(),
+    partial: core::ptr::null_mut(),
+    full: core::ptr::null_mut(),
+    count: 0,
+    stack: [core::ptr::null_mut(); STACK],
+};
+
+/// A thread cache.
+///
+/// Invariants: owned by one thread at a time (see the module documentation); `rows_now` points at
+/// `rows[base]`, the first row of the row set the cache allocates from (`base` is a [`RowSet`] offset:
+/// 0, `NCLASSES` or `2 * NCLASSES`), so `rows_now + c` is the row of class `c`; `spare` is null or an empty slab of this cache in state `Spare`;
+/// `remote` heads a Treiber stack (link `shared.remote_next`) of this cache's slabs with `QUEUED` set;
+/// `depth` counts this thread's open load-phase guards; `settle_pending` asks the owner to settle its
+/// load rows at its next slow path.
+#[repr(C)]
+pub struct Cache {
+    rows: [ClassState; ROWS],
+    /// The first row of the row set allocations come from (a pointer, so that the fast path adds the
+    /// class's row to it and nothing else). Written by the owner, and by a process-wide phase switch
+    /// from any thread (relaxed: the owner picks the change up at its next allocation; every row set
+    /// is its own). Read once per allocation.
+    rows_now: AtomicPtr<ClassState>,
+    /// Nesting depth of this thread's load-phase guards (owner writes; other threads read).
+    depth: AtomicUsize,
+    /// Set when a load phase ended while this cache's thread was elsewhere: the owner settles its load
+    /// rows at its next slow path.
+    settle_pending: AtomicBool,
+    /// The thread's current load-arena chunk (owner only), or null.
+    chunk: *mut Chunk,
+    spare: *mut Slab,
+    remote: AtomicPtr<Slab>,
+    /// Next cache in the list of all caches (immutable once linked).
+    all_next: *mut Cache,
+    /// Next cache in the pool of abandoned caches (pool lock).
+    pool_next: *mut Cache,
+}
+
+/// A static that is never written: the empty slab and the empty cache.
+#[repr(transparent)]
+struct ReadOnly<T>(UnsafeCell<T>);
+// SAFETY: the wrapped statics are never written: every write path first checks that it is not
+// handling them (the empty cache's rows have no stack entry and no word, so the fast paths only read
+// them, and the slow paths replace the empty cache before writing).
+unsafe impl<T> Sync for ReadOnly<T> {}
+
+/// The empty slab: its rows never check out a word, so the fast path always falls to the slow path.
+static EMPTY_SLAB: ReadOnly<Slab> = ReadOnly(UnsafeCell::new(Slab {
+    hint: 0,
+    free_count: 0,
+    nslots: 0,
+    size: 16,
+    first: 0,
+    recip: 0,
+    nwords: 0,
+    class: 0,
+    state: SlabState::Current,
+    row: 0,
+    owner: core::ptr::null_mut(),
+    next: core::ptr::null_mut(),
+    prev: core::ptr::null_mut(),
+    shared: slab::Shared { remote: AtomicUsize::new(0), remote_next: AtomicPtr::new(core::ptr::null_mut()) },
+}));
+
+const fn empty_slab() -> *mut Slab {
+    EMPTY_SLAB.0.get()
+}
+
+impl Cache {
+    /// A cache with every row empty, allocating from the row set that starts at `rows_now` (a row of
+    /// the cache being made: see [`Cache::rows_now`]).
+    const fn new(rows_now: *mut ClassState) -> Cache {
+        Cache {
+            rows: [EMPTY_ROW; ROWS],
+            rows_now: AtomicPtr::new(rows_now),
+            depth: AtomicUsize::new(0),
+            settle_pending: AtomicBool::new(false),
+            chunk: core::ptr::null_mut(),
+            spare: core::ptr::null_mut(),
+            remote: AtomicPtr::new(core::ptr::null_mut()),
+            all_next: core::ptr::null_mut(),
+            pool_next: core::ptr::null_mut(),
+        }
+    }
+}
+
+/// The empty cache every thread starts with: all rows are empty. It allocates from its first row set,
+/// whose first row is at its own address (`rows` is its first field).
+static EMPTY_CACHE: ReadOnly<Cache> = ReadOnly(UnsafeCell::new(Cache::new(EMPTY_CACHE.0.get().cast())));
+
+const fn empty_cache() -> *mut Cache {
+    EMPTY_CACHE.0.get()
+}
+
+/// Row `i` of `cache`, without forming a reference to the rows array.
+///
+/// # Safety
+/// - `cache` is a live cache (or the empty cache) and `i < ROWS`.
+#[inline(always)]
+unsafe fn row(cache: *mut Cache, i: usize) -> *mut ClassState {
+    // SAFETY: `i < ROWS` keeps the pointer inside the array (contract); `&raw mut` forms no reference.
+    unsafe { (&raw mut (*cache).rows).cast::<ClassState>().add(i) }
+}
+
+/// Makes `cache` allocate from the row set starting at row `base` (any thread: one atomic store).
+///
+/// # Safety
+/// - `cache` is a live cache (not the empty one) and `base` a [`RowSet`] offset.
+unsafe fn set_row_set(cache: *mut Cache, base: usize) {
+    // SAFETY: `base < ROWS` (a RowSet offset); `rows_now` is atomic.
+    unsafe { (*cache).rows_now.store(row(cache, base), Ordering::Relaxed) }
+}
+
+/// The [`RowSet`] offset `cache` allocates from.
+///
+/// # Safety
+/// - `cache` is a live cache or the empty cache.
+unsafe fn row_set(cache: *mut Cache) -> usize {
+    // SAFETY: `rows_now` points into the cache's rows (invariant).
+    unsafe {
+        ((*cache).rows_now.load(Ordering::Relaxed) as usize - cache as usize) / core::mem::size_of::<ClassState>()
+    }
+}
+
+/// What a slab records of its row (`Slab::row`): the row's byte offset in the cache, so that a free
+/// finds the row with one add.
+const fn row_tag(i: usize) -> u16 {
+    (i * core::mem::size_of::<ClassState>()) as u16
+}
+
+const _: () = assert!(ROWS * core::mem::size_of::<ClassState>() <= u16::MAX as usize);
+
+/// The row of `cache` that slab `s` belongs to.
+///
+/// # Safety
+/// - `s` is a live slab of `cache`, a live cache.
+#[inline(always)]
+unsafe fn row_of(cache: *mut Cache, s: *mut Slab) -> *mut ClassState {
+    // SAFETY: `row` is `row_tag(i)` of a row `i < ROWS` of the owner (set at `Slab::init` and
+    // `settle`), so the byte offset stays inside the rows array, which starts the cache.
+    unsafe { cache.cast::<u8>().add((*s).row as usize).cast() }
+}
+
+/// The row index of a slab's row tag.
+fn row_index(tag: u16) -> usize {
+    tag as usize / core::mem::size_of::<ClassState>()
+}
+
+/// The cache of a slab.
+#[inline(always)]
+fn cache_of(s: OwnerId) -> *mut Cache {
+    s.cast()
+}
+
+/// Allocates a slot of `class` from the calling thread's cache, or `None` when the row has no
+/// recently freed slot and no free bit in its checked-out word (then [`alloc_slow`]).
+#[inline(always)]
+pub fn alloc_fast(class: usize) -> Option<NonNull<u8>> {
+    let cache = life::tls_cache();
+    // SAFETY: `cache` is this thread's cache or the empty cache; `rows_now + class` is a row of it
+    // (`rows_now` starts a row set of NCLASSES rows, and `class < NCLASSES`). Stack
+    // entries below `top` are free slots (non-null); a set bit of the row's word is a free slot at
+    // `base + bit * size` (ClassState invariant). The empty cache's rows have `top == 0` and
+    // `word == 0`, so they are only read; any other cache is the caller's own (owner).
+    unsafe {
+        let row = (*cache).rows_now.load(Ordering::Relaxed).add(class);
+        let t = (*row).top as usize;
+        if t != 0 {
+            (*row).top = (t - 1) as u32;
+            (*row).count += 1;
+            return Some(NonNull::new_unchecked(*(&raw const (*row).stack).cast::<*mut u8>().add(t - 1)));
+        }
+        let w = (*row).word;
+        if w != 0 {
+            (*row).word = w & (w - 1);
+            (*row).count += 1;
+            return Some(NonNull::new_unchecked((*row).base.add(w.trailing_zeros() as usize * (*row).size)));
+        }
+    }
+    None
+}
+
+/// The allocation slow path of [`alloc_fast`]: sets the thread up, then refills the row. Returns
+/// null when memory runs out.
+#[cold]
+#[inline(never)]
+pub fn alloc_slow(class: usize) -> *mut u8 {
+    let mut cache = life::tls_cache();
+    if cache == empty_cache() {
+        if life::exiting() {
+            return life::alloc_while_exiting(class);
+        }
+        cache = life::acquire();
+        if cache.is_null() {
+            return core::ptr::null_mut();
+        }
+    }
+    // SAFETY: `cache` is this thread's own (owner).
+    unsafe { refill_and_take(cache, class) }
+}
+
+/// Returns the row's checked-out word to its slab's bitmap.
+///
+/// # Safety
+/// - `row` belongs to a cache owned by the calling thread.
+unsafe fn checkin(row: *mut ClassState) {
+    // SAFETY: owner; while a word is checked out, `current` is a live slab and widx < its nwords.
+    unsafe {
+        let w = (*row).widx;
+        if w == NO_WORD {
+            return;
+        }
+        let s = (*row).current;
+        *Slab::bits(s).add(w as usize) = (*row).word;
+        (*s).free_count += (*row).word.count_ones();
+        if w < (*s).hint {
+            (*s).hint = w;
+        }
+        (*row).word = 0;
+        (*row).widx = NO_WORD;
+    }
+}
+
+/// Checks out the first non-zero bitmap word of the row's current slab. Returns `false` if none.
+///
+/// # Safety
+/// - `row` belongs to a cache owned by the calling thread, has no word checked out, and its current
+///   slab is live (not the empty slab).
+unsafe fn checkout(row: *mut ClassState) -> bool {
+    // SAFETY: owner; the word indices stay below the live slab's nwords.
+    unsafe {
+        let s = (*row).current;
+        let bits = Slab::bits(s);
+        let mut h = (*s).hint;
+        while h < (*s).nwords {
+            let w = *bits.add(h as usize);
+            if w != 0 {
+                *bits.add(h as usize) = 0;
+                (*s).free_count -= w.count_ones();
+                (*s).hint = h;
+                (*row).word = w;
+                (*row).widx = h;
+                (*row).size = (*s).size as usize;
+                (*row).base = (s as *mut u8).add((*s).first as usize + h as usize * 64 * (*row).size);
+                return true;
+            }
+            h += 1;
+        }
+        (*s).hint = h;
+        false
+    }
+}
+
+/// The allocation slow path: find a slot of `class` for `cache`.
+///
+/// # Safety
+/// - `cache` is a live cache owned by the calling thread.
+unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
+    stats::add(&COUNTERS.slab_refills, 1);
+    // SAFETY: owner; `base + class < ROWS`.
+    unsafe {
+        if (*cache).settle_pending.load(Ordering::Acquire) {
+            settle::settle_pending(cache);
+        }
+        // Read once: a process-wide phase may switch the row set from another thread meanwhile, and
+        // the decision (arena or rows) and the row must come from the same reading.
+        let base = row_set(cache);
+        if base == RowSet::Arena as usize {
+            return arena_alloc(cache, class);
+        }
+        let ri = base + class;
+        let row = row(cache, ri);
+        loop {
+            let w = (*row).word;
+            if w != 0 {
+                (*row).word = w & (w - 1);
+                (*row).count += 1;
+                return (*row).base.add(w.trailing_zeros() as usize * (*row).size);
+            }
+            let s = (*row).current;
+            if s != empty_slab() {
+                checkin(row);
+                if checkout(row) {
+                    continue;
+                }
+                if remote::collect(cache, s) > 0 {
+                    continue;
+                }
+                (*row).current = empty_slab();
+                list_push(row, s, SlabState::Full);
+            }
+            let mut next = (*row).partial;
+            if next.is_null() && remote::drain(cache) > 0 {
+                next = (*row).partial;
+            }
+            if !next.is_null() {
+                list_remove(row, next);
+                (*next).state = SlabState::Current;
+                (*row).current = next;
+                continue;
+            }
+            let fresh = new_slab(cache, class, ri);
+            if fresh.is_null() {
+                return core::ptr::null_mut();
+            }
+            (*row).current = fresh;
+        }
+    }
+}
+
+/// Bumps a `class` object out of the thread's load-arena chunk, taking a new chunk when it is full.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread.
+unsafe fn arena_alloc(cache: *mut Cache, class: usize) -> *mut u8 {
+    // SAFETY: owner; `chunk` is this thread's current chunk.
+    unsafe {
+        for _ in 0..2 {
+            if !(*cache).chunk.is_null() {
+                let p = arena::alloc((*cache).chunk, class);
+                if !p.is_null() {
+                    return p;
+                }
+                arena::retire((*cache).chunk);
+            }
+            (*cache).chunk = arena::new_chunk();
+            if (*cache).chunk.is_null() {
+                return core::ptr::null_mut();
+            }
+        }
+        core::ptr::null_mut()
+    }
+}
+
+/// Retires the thread's current load-arena chunk, if any (end of an arena phase, thread exit).
+///
+/// # Safety
+/// - `cache` is owned by the calling thread.
+unsafe fn end_arena(cache: *mut Cache) {
+    // SAFETY: owner.
+    unsafe {
+        let c = (*cache).chunk;
+        if !c.is_null() {
+            (*cache).chunk = core::ptr::null_mut();
+            arena::retire(c);
+        }
+    }
+}
+
+/// A slab for `class` in row `row`: the cache's spare re-laid, or a new block from the heap.
+///
+/// # Safety
+/// - `cache` is owned by the calling thread.
+unsafe fn new_slab(cache: *mut Cache, class: usize, ri: usize) -> *mut Slab {
+    // SAFETY: owner; the spare is an empty slab of this cache, on no list.
+    unsafe {
+        let s = (*cache).spare;
+        if !s.is_null() {
+            (*cache).spare = core::ptr::null_mut();
+            Slab::init(s, class, row_tag(ri), cache.cast());
+            return s;
+        }
+        let load = ri >= RowSet::Load as usize;
+        let Some((block, _dirty)) = heap::alloc_block(SLAB_SHIFT, PageKind::Slab, load) else {
+            return core::ptr::null_mut();
+        };
+        stats::add(&COUNTERS.slabs_acquired, 1);
+        let s = block as *mut Slab;
+        Slab::init(s, class, row_tag(ri), cache.cast());
+        s
+    }
+}
+
+/// The list head of `row` for slabs in `state` (`Partial` or `Full`).
+///
+/// # Safety
+/// - `row` is a row of a cache owned by the calling thread.
+unsafe fn list_head(row: *mut ClassState, state: SlabState) -> *mut *mut Slab {
+    debug_assert!(matches!(state, SlabState::Partial | SlabState::Full));
+    // SAFETY: field projection of a valid row, no reference formed.
+    unsafe {
+        if state == SlabState::Full {
+            &raw mut (*row).full
+        } else {
+            &raw mut (*row).partial
+        }
+    }
+}
+
+/// Unlinks `s` from the list of its state (`Partial` or `Full`) in `row`.
+///
+/// # Safety
+/// - owner; `s` is on that list of `row`.
+unsafe fn list_remove(row: *mut ClassState, s: *mut Slab) {
+    // SAFETY: list members are live slabs of the same cache (owner).
+    unsafe {
+        let (p, n) = ((*s).prev, (*s).next);
+        if p.is_null() {
+            *list_head(row, (*s).state) = n;
+        } else {
+            (*p).next = n;
+        }
+        if !n.is_null() {
+            (*n).prev = p;
+        }
+        (*s).next = core::ptr::null_mut();
+        (*s).prev = core::ptr::null_mut();
+    }
+}
+
+/// Pushes `s` onto the `state` list (`Partial` or `Full`) of `row` and sets its state.
+///
+/// # Safety
+/// - owner; `s` is a live slab of the cache owning `row`, on no list.
+unsafe fn list_push(row: *mut ClassState, s: *mut Slab, state: SlabState) {
+    // SAFETY: list members are live slabs of the same cache (owner).
+    unsafe {
+        let head = list_head(row, state);
+        let h = *head;
+        (*s).prev = core::ptr::null_mut();
+        (*s).next = h;
+        if !h.is_null() {
+            (*h).prev = s;
+        }
+        *head = s;
+        (*s).state = state;
+    }
+}
+
+/// Frees slot `p` of `slab` (any thread).
+///
+/// # Safety
+/// - `slab` is a live slab and `p` a pointer inside its block that was allocated and not freed.
+#[inline(always)]
+pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
+    let cache = life::tls_cache();
+    // SAFETY: the slab is live (caller); its owner field is immutable.
+    if unsafe { (*slab).owner } != cache.cast::<u8>() {
+        // SAFETY: forwarded contract.
+        return unsafe { remote::free(p, slab) };
+    }
+    // SAFETY: owner (the slab is this thread's cache's); `t < STACK`.
+    unsafe {
+        let idx = Slab::index_of(slab, p);
+        let row = row_of(cache, slab);
+        let t = (*row).top as usize;
+        if t < STACK {
+            *(&raw mut (*row).stack).cast::<*mut u8>().add(t) = p;
+            (*row).top = t as u32 + 1;
+            return;
+        }
+        if release_slot(row, slab, idx, p) && needs_refile(slab) {
+            free_slow(slab);
+        }
+    }
+}
+
+/// Returns slot `idx` of `slab` to the row's checked-out word if it lies there (returns `false`),
+/// else to the slab's bitmap, lowering the search hint and counting it free (returns `true`: the
+/// slab's fill level changed, see [`needs_refile`]). Aborts on a double free.
+///
+/// # Safety
+/// - owner; `row` is `slab`'s row; `idx < nslots`; `p` is the slot.
+#[inline(always)]
+unsafe fn release_slot(row: *mut ClassState, slab: *mut Slab, idx: usize, p: *mut u8) -> bool {
+    let w = (idx >> 6) as u32;
+    let bit = 1u64 << (idx & 63);
+    // SAFETY: owner: the row and the slab's bitmap are ours; w < nwords because idx < nslots.
+    unsafe {
+        if (*row).widx == w && (*row).current == slab {
+            if (*row).word & bit != 0 {
+                os::invalid_pointer(p, "free(): double free detected");
+            }
+            (*row).word |= bit;
+            return false;
+        }
+        let word = Slab::bits(slab).add(w as usize);
+        if *word & bit != 0 {
+            os::invalid_pointer(p, "free(): double free detected");
+        }
+        *word |= bit;
+        if w < (*slab).hint {
+            (*slab).hint = w;
+        }
+        (*slab).free_count += 1;
+    }
+    true
+}
+
+/// Whether a slab whose free count just grew must move lists: a full slab now has free slots, or a
+/// partial slab is now empty (see [`refile`]).
+///
+/// # Safety
+/// - `slab` is a live slab owned by the calling thread's cache.
+#[inline(always)]
+unsafe fn needs_refile(slab: *mut Slab) -> bool {
+    // SAFETY: owner-only fields of a live slab.
+    unsafe {
+        (*slab).state == SlabState::Full
+            || ((*slab).free_count == (*slab).nslots && (*slab).state == SlabState::Partial)
+    }
+}
+
+/// Frees a slot of a slab owned by `cache`, wherever its word is.
+///
+/// # Safety
+/// - as [`free_small`], and `cache` owns `slab` and is owned by the calling thread.
+unsafe fn owner_free(cache: *mut Cache, slab: *mut Slab, p: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let idx = Slab::index_of(slab, p);
+        release_slot(row_of(cache, slab), slab, idx, p);
+    }
+}
+
+/// Returns the slots on a row's stack to their slabs' bitmaps (aborting on a double free among them),
+/// then re-files the slabs whose fill level changed.
+///
+/// # Safety
+/// - owner: `row` belongs to `cache`, which the calling thread owns.
+unsafe fn flush_stack(cache: *mut Cache, row: *mut ClassState) {
+    // SAFETY: owner; entries below `top` are free slots of this cache's slabs.
+    unsafe {
+        while (*row).top > 0 {
+            (*row).top -= 1;
+            let p = *(&raw const (*row).stack).cast::<*mut u8>().add((*row).top as usize);
+            let slab = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
+            owner_free(cache, slab, p);
+            if needs_refile(slab) {
+                refile(slab);
+            }
+        }
+    }
+}
+
+/// Re-files a slab of the calling thread's cache after slots were returned to it.
+///
+/// # Safety
+/// - `slab` is owned by the calling thread's cache.
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(slab: *mut Slab) {
+    // SAFETY: forwarded contract.
+    unsafe { refile(slab) }
+}
+
+/// Moves a slab to the list its fill level calls for: a full slab with free slots to the partial list,
+/// an empty partial slab to the spare or back to the heap.
+///
+/// # Safety
+/// - `slab` is owned by the calling thread's cache.
+unsafe fn refile(slab: *mut Slab) {
+    // SAFETY: owner; the slab is live and its owner's.
+    unsafe {
+        let cache = cache_of((*slab).owner);
+        let row = row_of(cache, slab);
+        if (*slab).state == SlabState::Full && (*slab).free_count > 0 {
+            list_remove(row, slab);
+            list_push(row, slab, SlabState::Partial);
+        }
+        if (*slab).state == SlabState::Partial && (*slab).free_count == (*slab).nslots {
+            // Never give back a slab that is (being) queued for remote frees.
+            if (*slab).shared.remote.load(Ordering::Acquire) != 0 {
+                return;
+            }
+            list_remove(row, slab);
+            retire(cache, slab);
+        }
+    }
+}
+
+/// Keeps an empty slab as the cache's spare or returns it to the heap.
+///
+/// # Safety
+/// - owner; `slab` is empty, on no list, owned by `cache`, not queued.
+unsafe fn retire(cache: *mut Cache, slab: *mut Slab) {
+    // SAFETY: owner.
+    unsafe {
+        if (*cache).spare.is_null() {
+            (*slab).state = SlabState::Spare;
+            (*cache).spare = slab;
+        } else {
+            stats::add(&COUNTERS.slabs_released, 1);
+            heap::free_block(slab as *mut u8);
+        }
+    }
+}
+
+/// Whether the calling thread allocates in a load phase (for marking large blocks).
+#[inline]
+pub fn current_is_load() -> bool {
+    let c = mine();
+    if c.is_null() {
+        return crate::phase_state::process_active();
+    }
+    // SAFETY: our own live cache.
+    unsafe { row_set(c) != RowSet::Run as usize }
+}
+
+/// Walks the calling thread's cache and checks its invariants: every row's current slab, word, lists
+/// and stack against its slabs' bitmaps (see [`ClassState`] and [`Slab`]). For tests and debugging;
+/// `Ok` for a thread with no cache yet.
+pub fn check_mine() -> Result<(), &'static str> {
+    let cache = mine();
+    if cache.is_null() {
+        return Ok(());
+    }
+    // SAFETY: our own cache (owner).
+    unsafe { check(cache) }
+}
+
+/// # Safety
+/// - owner.
+unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
+    // SAFETY: owner: rows, slabs and bitmaps of this cache are ours to read.
+    unsafe {
+        let spare = (*cache).spare;
+        if !spare.is_null() && ((*spare).state != SlabState::Spare || (*spare).owner != cache.cast::<u8>()) {
+            return Err("the spare is not an empty slab of this cache in state Spare");
+        }
+        for ri in 0..ROWS {
+            let r = row(cache, ri);
+            let cur = (*r).current;
+            if (*r).widx == NO_WORD && (*r).word != 0 {
+                return Err("a row without a checked-out word has free bits");
+            }
+            if cur != empty_slab() {
+                check_slab(cache, cur, ri, SlabState::Current)?;
+                let out: &[(u32, u64)] = if (*r).widx == NO_WORD { &[] } else { &[((*r).widx, (*r).word)] };
+                if let Some(&(w, _)) = out.first() {
+                    let base = (cur as *mut u8).add((*cur).first as usize + w as usize * 64 * (*cur).size as usize);
+                    if (*r).base != base || (*r).size != (*cur).size as usize {
+                        return Err("the row's word base or size does not match its slab");
+                    }
+                }
+                Slab::check(cur, out)?;
+            } else if (*r).widx != NO_WORD {
+                return Err("a word is checked out of the empty slab");
+            }
+            for state in [SlabState::Partial, SlabState::Full] {
+                let mut prev: *mut Slab = core::ptr::null_mut();
+                let mut s = *list_head(r, state);
+                let mut n = 0;
+                while !s.is_null() {
+                    check_slab(cache, s, ri, state)?;
+                    if (*s).prev != prev {
+                        return Err("broken prev link in a slab list");
+                    }
+                    Slab::check(s, &[])?;
+                    prev = s;
+                    s = (*s).next;
+                    n += 1;
+                    if n > 1 << 20 {
+                        return Err("a slab list does not end");
+                    }
+                }
+            }
+            let top = (*r).top as usize;
+            if top > STACK {
+                return Err("stack top beyond its capacity");
+            }
+            let stack = (&raw const (*r).stack).cast::<*mut u8>();
+            for i in 0..top {
+                let p = *stack.add(i);
+                let s = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
+                if heap::page_kind(p as usize) != Some(PageKind::Slab) || (*s).owner != cache.cast::<u8>() {
+                    return Err("a stacked slot is not in a slab of this cache");
+                }
+                if row_index((*s).row) != ri {
+                    return Err("a stacked slot belongs to another row");
+                }
+                let idx = Slab::index_of(s, p);
+                let (w, bit) = ((idx >> 6) as u32, 1u64 << (idx & 63));
+                let in_word = s == cur && (*r).widx == w && (*r).word & bit != 0;
+                if *Slab::bits(s).add(w as usize) & bit != 0 || in_word {
+                    return Err("a stacked slot is also free in its slab (double free)");
+                }
+                if (0..i).any(|j| *stack.add(j) == p) {
+                    return Err("a slot is stacked twice (double free)");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// # Safety
+/// - owner; `s` is reachable from row `ri` of `cache`.
+unsafe fn check_slab(cache: *mut Cache, s: *mut Slab, ri: usize, state: SlabState) -> Result<(), &'static str> {
+    // SAFETY: owner-only header fields of a live slab of this cache.
+    unsafe {
+        if (*s).owner != cache.cast::<u8>() {
+            return Err("a slab in a row of this cache has another owner");
+        }
+        if row_index((*s).row) != ri || (*s).class as usize != ri % NCLASSES {
+            return Err("a slab is in the row of another class or row set");
+        }
+        if (*s).state != state {
+            return Err("a slab's state does not match the list that holds it");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::size_class::{class_of, GEOMETRY};
+
+    /// Allocates through the fast path, or the slow path on a miss.
+    fn alloc(class: usize) -> *mut u8 {
+        match alloc_fast(class) {
+            Some(p) => p.as_ptr(),
+            None => alloc_slow(class),
+        }
+    }
+
+    fn slab_of(p: *mut u8) -> *mut Slab {
+        (p as usize & !(SLAB_SIZE - 1)) as *mut Slab
+    }
+
+    /// Runs `f` on a new thread (a cache of its own), checking the cache after it.
+    fn on_thread(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            f();
+            check_mine().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn slots_are_distinct_and_the_last_freed_comes_back_first() {
+        on_thread(|| {
+            let class = class_of(40);
+            let n = 3 * GEOMETRY[class].nslots as usize;
+            let v: Vec<*mut u8> = (0..n).map(|_| alloc(class)).collect();
+            check_mine().unwrap();
+            let mut sorted = v.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), n, "a slot was handed out twice");
+            for (i, &p) in v.iter().enumerate() {
+                // SAFETY: our live slots of 48 bytes.
+                unsafe { p.write_bytes(i as u8, 48) };
+            }
+            // Free every slot, checking after each: the stack fills, then words and bitmaps take them,
+            // and slabs move between the lists.
+            for &p in v.iter().rev() {
+                // SAFETY: a live slot of a slab of this thread, freed once.
+                unsafe { free_small(p, slab_of(p)) };
+                check_mine().unwrap();
+            }
+            // The stack kept the first STACK slots freed (later ones went to the bitmap); the next
+            // allocation pops the most recent of them.
+            let again = alloc(class);
+            assert_eq!(again, v[n - STACK]);
+            // SAFETY: live slot.
+            unsafe { free_small(again, slab_of(again)) };
+        });
+    }
+
+    #[test]
+    fn remote_frees_come_back_to_the_owner() {
+        let class = class_of(100);
+        // Two whole slabs: the owner's current slab has no free slot left.
+        let n = 2 * GEOMETRY[class].nslots as usize;
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            let v: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
+            tx.send(v.clone()).unwrap();
+            back_rx.recv().unwrap();
+            // Every slot was freed by the other thread. The owner applies the remote frees: the
+            // current slab's come back first, and an emptied slab is kept as the spare and re-laid, so
+            // at least one slab's worth of the same slots is handed out again.
+            let again: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
+            check_mine().unwrap();
+            let reused = again.iter().filter(|p| v.contains(p)).count();
+            assert!(reused >= n / 2, "remote frees were not reused by the owner ({reused} of {n})");
+            for p in again {
+                // SAFETY: live slots of this thread's slabs.
+                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
+            }
+        });
+        let v = rx.recv().unwrap();
+        on_thread(move || {
+            for p in v {
+                // SAFETY: live slots handed to this thread, freed once (remote frees).
+                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
+            }
+        });
+        back_tx.send(()).unwrap();
+        owner.join().unwrap();
+    }
+
+    #[test]
+    fn the_walker_sees_a_slot_stacked_twice() {
+        on_thread(|| {
+            let class = class_of(16);
+            let p = alloc(class);
+            let q = alloc(class);
+            // SAFETY: a deliberate double free onto the stack (not caught there), then undone by
+            // allocating twice, which hands `q` out twice: the test owns both copies.
+            unsafe {
+                free_small(q, slab_of(q));
+                free_small(q, slab_of(q));
+            }
+            assert_eq!(check_mine(), Err("a slot is stacked twice (double free)"));
+            assert_eq!((alloc(class), alloc(class)), (q, q));
+            check_mine().unwrap();
+            // SAFETY: live slots, freed once each.
+            unsafe {
+                free_small(q, slab_of(q));
+                free_small(p, slab_of(p));
+            }
+        });
+    }
+
+    #[test]
+    fn the_empty_cache_sends_every_class_to_the_slow_path() {
+        on_thread(|| {
+            for class in 0..NCLASSES {
+                assert!(alloc_fast(class).is_none() || !mine().is_null());
+            }
+        });
+        std::thread::spawn(|| assert!(alloc_fast(0).is_none())).join().unwrap();
+    }
+}

@@ -1,0 +1,94 @@
+//! Frees from other threads. A thread that frees a slot of a slab it does not own pushes the slot
+//! onto the slab's remote list (a lock-free stack linked through the slots' first words); the first
+//! push since the owner last collected also sets `QUEUED` and pushes the slab onto its owner's remote
+//! queue, so the owner finds it in its slow path even if it never touches that slab again (memory
+//! freed by a consumer thread comes back). Only the owner applies the lists to the bitmaps.
+
+use core::sync::atomic::Ordering;
+
+use super::{cache_of, owner_free, refile, Cache};
+use crate::slab::{Slab, QUEUED};
+use crate::stats::{self, COUNTERS};
+
+/// Frees slot `p` of `slab`, which another thread's cache owns.
+///
+/// # Safety
+/// - `slab` is a live slab and `p` a live slot of it that the caller gives up.
+#[cold]
+#[inline(never)]
+pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
+    // SAFETY: the slab is live and `p` is ours to give up (contract); it is validated before it is
+    // linked. The owner cache is never freed, and its `remote` queue is atomic.
+    unsafe {
+        let _ = Slab::index_of(slab, p);
+        if Slab::push_remote(slab, p) {
+            let q = &(*cache_of((*slab).owner)).remote;
+            let mut head = q.load(Ordering::Relaxed);
+            loop {
+                (*slab).shared.remote_next.store(head, Ordering::Relaxed);
+                match q.compare_exchange_weak(head, slab, Ordering::Release, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(h) => head = h,
+                }
+            }
+            stats::add(&COUNTERS.remote_frees, 1);
+        }
+    }
+}
+
+/// Applies every queued remote free of `cache`. Returns the number of slabs processed.
+///
+/// # Safety
+/// - owner: `cache` is owned by the calling thread.
+pub(super) unsafe fn drain(cache: *mut Cache) -> usize {
+    // SAFETY: owner; each popped slab is a live slab of this cache with QUEUED set, which keeps it
+    // alive until it is cleared here.
+    unsafe {
+        let mut s = (*cache).remote.swap(core::ptr::null_mut(), Ordering::Acquire);
+        let mut n = 0;
+        while !s.is_null() {
+            let next = (*s).shared.remote_next.load(Ordering::Relaxed);
+            let list = (*s).shared.remote.swap(0, Ordering::Acquire) & !QUEUED;
+            apply(cache, s, list);
+            refile(s);
+            n += 1;
+            s = next;
+        }
+        n
+    }
+}
+
+/// Applies a remote list (a chain of slots linked through their first word) to `slab`.
+///
+/// # Safety
+/// - owner: `cache` is owned by the calling thread and owns `slab`; `list` was taken from the slab's
+///   `remote` with acquire ordering.
+unsafe fn apply(cache: *mut Cache, slab: *mut Slab, mut list: usize) -> u32 {
+    let mut n = 0;
+    while list != 0 {
+        let p = list as *mut u8;
+        // SAFETY: every list member is a dead slot of this slab; its first word links the next.
+        unsafe {
+            list = (p as *const usize).read();
+            owner_free(cache, slab, p);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Takes `slab`'s remote list while keeping `QUEUED` (owner only, outside the queue). Returns the
+/// slots applied.
+///
+/// # Safety
+/// - owner: `cache` is owned by the calling thread and owns `slab`.
+pub(super) unsafe fn collect(cache: *mut Cache, slab: *mut Slab) -> u32 {
+    // SAFETY: the header is live; `remote` is atomic.
+    let remote = unsafe { &(*slab).shared.remote };
+    if remote.load(Ordering::Relaxed) & !QUEUED == 0 {
+        return 0;
+    }
+    let old = remote.fetch_and(QUEUED, Ordering::Acquire);
+    // SAFETY: owner; the list was taken with acquire ordering.
+    unsafe { apply(cache, slab, old & !QUEUED) }
+}

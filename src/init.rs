@@ -1,0 +1,120 @@
+//! Start-up: reads the options, reserves the heap's region and its page map, opens the start-up load
+//! phase, and, once the heap is ready, does the work that may allocate: the `fork` handlers of every
+//! lock, the banner, and the statistics report at exit.
+//!
+//! The heap calls [`start`] and [`open_startup_phase`] under its lock during its one-time
+//! initialisation, then [`after_start`] outside every lock (libc may allocate there, which re-enters an
+//! allocator that is ready).
+
+use crate::buddy::PageEntry;
+use crate::options::{self, Values};
+use crate::os::{self, PAGE};
+use crate::phase_state::{self, RowSet, Start};
+use crate::sync;
+
+/// What [`start`] set up: the options in effect and the heap's region.
+pub struct Started {
+    pub opts: Values,
+    /// The region `[base, base + span)`, aligned to the top block size, reserved without access.
+    pub base: usize,
+    pub span: usize,
+    /// A zeroed page map with one entry per page of the region.
+    pub map: *mut PageEntry,
+}
+
+/// The options from the environment; a bad value is reported on stderr and its default kept.
+pub fn read_options() -> Values {
+    let mut opts = Values::defaults();
+    os::for_each_option(|name, value| {
+        if opts.apply(name, value).is_err() {
+            let mut m = os::MsgBuf::new();
+            m.str("edgepool: ignoring bad value of EDGEPOOL_");
+            m.str(core::str::from_utf8(name).unwrap_or("?"));
+            m.str(", keeping the default\n");
+            os::write_stderr(m.as_bytes());
+        }
+    });
+    opts
+}
+
+/// Reads the options and reserves the region and its page map. `None` when no address space is left
+/// (the allocator then returns null for everything). Allocation-free.
+pub fn start() -> Option<Started> {
+    let opts = read_options();
+    let top_size = opts.get(options::MAX_BLOCK) as usize;
+    let mut span = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);
+    let mut raw;
+    loop {
+        raw = os::reserve(span + top_size);
+        if !raw.is_null() || span <= top_size {
+            break;
+        }
+        span /= 2;
+    }
+    if raw.is_null() {
+        return None;
+    }
+    // Align the region to the top block size and give back the slack at both ends.
+    let base = (raw as usize + top_size - 1) & !(top_size - 1);
+    // SAFETY: head and tail slack lie inside the reservation just made and hold nothing.
+    unsafe {
+        if base > raw as usize {
+            os::unmap(raw, base - raw as usize);
+        }
+        let tail = raw as usize + span + top_size - (base + span);
+        if tail > 0 {
+            os::unmap((base + span) as *mut u8, tail);
+        }
+    }
+    let npages = span / PAGE;
+    let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
+    let map = os::map(map_bytes) as *mut PageEntry;
+    if map.is_null() {
+        // SAFETY: the region was reserved above and is not published.
+        unsafe { os::unmap(base as *mut u8, span) };
+        return None;
+    }
+    Some(Started { opts, base, span, map })
+}
+
+/// Opens the process-wide load phase at start-up if `EDGEPOOL_LOAD_PHASE` asks for it, and arms its
+/// trigger (`SIGUSR2`, `EDGEPOOL_LOAD_SECONDS`). Called before the heap is published as ready, so no
+/// thread cache exists yet: every cache is created in the phase's row set.
+pub fn open_startup_phase(opts: &Values) {
+    if opts.get(options::LOAD_PHASE) == 0 {
+        return;
+    }
+    let rows = if opts.get(options::LOAD_ARENA) != 0 { RowSet::Arena } else { RowSet::Load };
+    phase_state::process_enter(rows);
+    let now = os::now_ns();
+    phase_state::c_open(Start { t_ns: now, ..Start::default() });
+    let secs = opts.get(options::LOAD_SECONDS);
+    let deadline = if secs > 0 { now.saturating_add(secs.saturating_mul(1_000_000_000)) } else { u64::MAX };
+    phase_state::arm_trigger(deadline);
+}
+
+/// Work done once after the heap is ready, outside every lock: registers the `fork` handlers of every
+/// lock (in the one order of [`sync`]), prints the banner (`EDGEPOOL_VERBOSE`), and registers
+/// `stats_at_exit` (`EDGEPOOL_STATS`).
+pub fn after_start(opts: &Values, stats_at_exit: extern "C" fn()) {
+    os::at_fork(sync::fork_prepare, sync::fork_parent, sync::fork_child);
+    if opts.get(options::VERBOSE) != 0 {
+        print_banner(opts);
+    }
+    if opts.get(options::STATS) != 0 {
+        os::at_exit(stats_at_exit);
+    }
+}
+
+/// `EDGEPOOL_VERBOSE`: the version, the build flavour and every option in effect, on stderr.
+fn print_banner(o: &Values) {
+    let mut m = os::MsgBuf::new();
+    m.str("edgepool ").str(env!("CARGO_PKG_VERSION")).str(" active (");
+    m.str(if cfg!(debug_assertions) { "debug" } else { "release" }).str(" build)\n");
+    os::write_stderr(m.as_bytes());
+    for (i, def) in options::OPTIONS.iter().enumerate() {
+        let mut m = os::MsgBuf::new();
+        m.str("  EDGEPOOL_").str(def.name).str("=").num(o.get(i)).str("\n");
+        os::write_stderr(m.as_bytes());
+    }
+}

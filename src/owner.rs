@@ -1,0 +1,56 @@
+//! Pointer → owner: the one place that answers "what is this pointer?".
+//!
+//! - inside the heap region, the page map says `Slab` (the slab starts at `p` rounded down to 64 KiB),
+//!   `Arena` (the chunk starts at `p` rounded down to 1 MiB) or `Large` (a block starting exactly at
+//!   `p`); anything else is not a live block;
+//! - outside the region, a direct mapping if the direct table knows it; otherwise not ours.
+
+use crate::arena::{Chunk, CHUNK_SIZE};
+use crate::buddy::PageKind;
+use crate::direct;
+use crate::heap;
+use crate::os::PAGE;
+use crate::size_class::SLAB_SIZE;
+use crate::slab::Slab;
+
+/// What a pointer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A slot of this slab (not yet checked to be the start of a slot).
+    Slab(*mut Slab),
+    /// An object of this load-arena chunk (not yet checked).
+    Arena(*mut Chunk),
+    /// The head of a large block.
+    Large,
+    /// A direct mapping of this many bytes.
+    Direct(usize),
+    /// Not a live block of ours.
+    Unknown,
+}
+
+/// The owner of a pointer inside the heap region (`None` outside it): no lock, one load.
+#[inline(always)]
+pub fn in_heap(p: *mut u8) -> Option<Owner> {
+    let a = p as usize;
+    Some(match heap::page_kind(a)? {
+        PageKind::Slab => Owner::Slab((a & !(SLAB_SIZE - 1)) as *mut Slab),
+        PageKind::Arena => Owner::Arena((a & !(CHUNK_SIZE - 1)) as *mut Chunk),
+        PageKind::Large if a & (PAGE - 1) == 0 => Owner::Large,
+        _ => Owner::Unknown,
+    })
+}
+
+/// Finds the owner of `p` (not null). Outside the heap this looks the pointer up in the direct table
+/// (one look-up under its lock).
+#[inline]
+pub fn owner(p: *mut u8) -> Owner {
+    if let Some(o) = in_heap(p) {
+        return o;
+    }
+    if heap::is_ready() {
+        if let Some(len) = direct::size_of(p) {
+            return Owner::Direct(len);
+        }
+    }
+    Owner::Unknown
+}
