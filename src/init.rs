@@ -10,7 +10,11 @@ use crate::buddy::PageEntry;
 use crate::options::{self, Values};
 use crate::os::{self, PAGE};
 use crate::phase_state::{self, RowSet, Start};
+use crate::slab;
 use crate::sync;
+
+/// Its address mixes address-space randomisation into the freed mark where `AT_RANDOM` is missing.
+static FREED_SEED: u8 = 0;
 
 /// What [`start`] set up: the options in effect and the heap's region.
 pub struct Started {
@@ -40,6 +44,8 @@ pub fn read_options() -> Values {
 /// Reads the options and reserves the region and its page map. `None` when no address space is left
 /// (the allocator then returns null for everything). Allocation-free.
 pub fn start() -> Option<Started> {
+    // Before any slot can be freed: the mark must not be guessable from the program's own data.
+    slab::set_freed_mark(os::startup_random() ^ (&raw const FREED_SEED as u64).rotate_left(29));
     let opts = read_options();
     let top_size = opts.get(options::MAX_BLOCK) as usize;
     let mut span = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);

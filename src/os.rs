@@ -23,6 +23,20 @@ pub fn os_page_size() -> usize {
     }
 }
 
+/// Eight of the random bytes the kernel gives every process at `exec` (`AT_RANDOM`), or 0 where the
+/// auxiliary vector has none. No system call, no allocation.
+pub fn startup_random() -> u64 {
+    // SAFETY: getauxval only reads the auxiliary vector; AT_RANDOM points at 16 readable bytes.
+    unsafe {
+        let p = libc::getauxval(libc::AT_RANDOM) as *const u64;
+        if p.is_null() {
+            0
+        } else {
+            p.read_unaligned()
+        }
+    }
+}
+
 /// A new private anonymous mapping of `len` bytes with protection `prot`, without commit charge
 /// (`MAP_NORESERVE`). Returns null on failure.
 fn mmap_anon(len: usize, prot: libc::c_int) -> *mut u8 {

@@ -8,13 +8,35 @@
 //! | owner  | shared    | bitmap (u64s)  | slot 0 | slot 1 | ...        | slot n-1 |  (slack) |
 //! ```
 
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os;
 use crate::size_class::{slot_index, GEOMETRY, SLAB_HEADER, SLAB_SIZE};
 
 /// `remote` bit: the slab is on (or being pushed onto) its owner's remote queue.
 pub const QUEUED: usize = 1;
+
+/// Where a freed slot carries the *freed mark*: its second word (every slot has at least 16 bytes and
+/// is 16-aligned; the first word is the remote-free link).
+pub const MARK_OFFSET: usize = 8;
+
+/// The freed mark (glibc's tcache key, in spirit): a per-process random value written into a slot's
+/// second word when it is freed and cleared when it is handed out again. A free that finds the mark
+/// already there looks for the slot among the free ones (stack, word, bitmap, remote list) and aborts
+/// if it is one: a double free can never hand a slot out twice. User data that happens to equal the
+/// mark costs only that look-up. Never zero.
+static FREED_MARK: AtomicU64 = AtomicU64::new(0x5bd1_e995_9e37_79b9);
+
+/// The freed mark (see [`FREED_MARK`]).
+#[inline(always)]
+pub fn freed_mark() -> u64 {
+    FREED_MARK.load(Ordering::Relaxed)
+}
+
+/// Sets the freed mark from `seed` (random bytes), once, before any slot is freed.
+pub fn set_freed_mark(seed: u64) {
+    FREED_MARK.store(seed | 1, Ordering::Relaxed);
+}
 
 /// The cache that owns a slab, as an opaque address (compared, never dereferenced here).
 pub type OwnerId = *mut u8;

@@ -1,5 +1,6 @@
-//! Bad frees are caught with a clear message and `abort()`: an interior pointer, a double free that
-//! reaches the bitmap, a large block freed twice, a pointer that edgepool never handed out. Each case
+//! Bad frees are caught with a clear message and `abort()`: an interior pointer, a small block freed
+//! twice (onto the stack of recent frees, onto the bitmap, once on each, by another thread and by its
+//! owner in either order), a large block freed twice, a pointer that edgepool never handed out. Each case
 //! runs in a child process (this same binary), whose death by SIGABRT and message are checked.
 
 use std::os::unix::process::ExitStatusExt;
@@ -27,6 +28,26 @@ fn interior_pointer_aborts() {
 #[test]
 fn double_free_of_small_block_aborts() {
     expect_abort("double_small", "free(): double free detected");
+}
+
+#[test]
+fn double_free_onto_the_stack_aborts() {
+    expect_abort("double_stack", "free(): double free detected");
+}
+
+#[test]
+fn double_free_first_on_the_stack_then_on_the_bitmap_aborts() {
+    expect_abort("stack_then_bitmap", "free(): double free detected");
+}
+
+#[test]
+fn double_free_first_remote_then_by_the_owner_aborts() {
+    expect_abort("remote_then_owner", "free(): double free detected");
+}
+
+#[test]
+fn double_free_first_by_the_owner_then_remote_aborts() {
+    expect_abort("owner_then_remote", "free(): double free detected");
 }
 
 #[test]
@@ -58,6 +79,33 @@ fn child() {
                 }
                 edgepool::raw::free(v[50]);
                 edgepool::raw::free(v[50]);
+            }
+            "double_stack" => {
+                let p = edgepool::raw::alloc(40, 16);
+                edgepool::raw::free(p);
+                edgepool::raw::free(p);
+                // Before the freed mark, both copies were handed out: two live objects overlapped.
+                let (a, b) = (edgepool::raw::alloc(40, 16), edgepool::raw::alloc(40, 16));
+                eprintln!("handed out twice: {a:?} {b:?}");
+            }
+            "stack_then_bitmap" => {
+                let v: Vec<*mut u8> = (0..40).map(|_| edgepool::raw::alloc(300, 16)).collect();
+                // The first free lands on the stack; 16 more fill it; the second reaches the bitmap.
+                edgepool::raw::free(v[0]);
+                for &p in &v[1..20] {
+                    edgepool::raw::free(p);
+                }
+                edgepool::raw::free(v[0]);
+            }
+            "remote_then_owner" => {
+                let p = edgepool::raw::alloc(100, 16) as usize;
+                std::thread::spawn(move || edgepool::raw::free(p as *mut u8)).join().unwrap();
+                edgepool::raw::free(p as *mut u8);
+            }
+            "owner_then_remote" => {
+                let p = edgepool::raw::alloc(100, 16) as usize;
+                edgepool::raw::free(p as *mut u8);
+                std::thread::spawn(move || edgepool::raw::free(p as *mut u8)).join().unwrap();
             }
             "double_large" => {
                 let p = edgepool::raw::alloc(1 << 20, 16);

@@ -13,16 +13,19 @@
 //! ```
 //! Instruction budget, measured (`cargo build --release --example asm_probe && python3
 //! scripts/fast-path-insns.py`, x86-64): from the entry of `raw::alloc` to its return, an allocation
-//! that hits the row's stack runs 21 instructions and one that hits the checked-out word 27, both
-//! including the size check, the size-class table, the TLS load and the row's allocation count (one
-//! `inc` on the row's line: the phase reports count every allocation); a free by the owner onto the
-//! stack runs 46, including the page-map lookup, the owner compare and the interior-pointer check.
-//! (Before the rows were reached through `rows_now` and slabs recorded their row's byte offset: 24,
-//! 30 and 51.)
+//! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
+//! including the size check, the size-class table, the TLS load, the row's allocation count (one
+//! `inc` on the row's line: the phase reports count every allocation) and clearing the freed mark; a
+//! free by the owner onto the stack runs 51, including the page-map lookup, the owner compare, the
+//! interior-pointer check and the freed mark (5 of them). (Before the rows were reached through
+//! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.)
 //!
-//! Double frees are caught when a slot reaches the bitmap: at once on the bitmap path, at flush for a
-//! slot freed twice onto the stack, and not at all if the stacked duplicate is handed out again first
-//! (as with mimalloc's free lists).
+//! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the
+//! slot's second word, and an allocation clears it. A free that finds the mark already there checks
+//! whether the slot is free — on the row's stack, in the checked-out word or the bitmap, on the slab's
+//! remote list — and aborts if so ([`free_marked`]); so a slot freed twice is never handed out twice,
+//! whether the frees land on the stack, the bitmap or both. (A slot on a page that a phase end
+//! purged has lost its mark: freeing it again is caught only if it reaches the bitmap.)
 //!
 //! # Ownership, said once
 //! A cache is used by exactly one thread at a time: the thread whose TLS points at it, or the thread
@@ -266,19 +269,22 @@ pub fn alloc_fast(class: usize) -> Option<NonNull<u8>> {
     unsafe {
         let row = (*cache).rows_now.load(Ordering::Relaxed).add(class);
         let t = (*row).top as usize;
-        if t != 0 {
+        let p = if t != 0 {
             (*row).top = (t - 1) as u32;
-            (*row).count += 1;
-            return Some(NonNull::new_unchecked(*(&raw const (*row).stack).cast::<*mut u8>().add(t - 1)));
-        }
-        let w = (*row).word;
-        if w != 0 {
+            *(&raw const (*row).stack).cast::<*mut u8>().add(t - 1)
+        } else {
+            let w = (*row).word;
+            if w == 0 {
+                return None;
+            }
             (*row).word = w & (w - 1);
-            (*row).count += 1;
-            return Some(NonNull::new_unchecked((*row).base.add(w.trailing_zeros() as usize * (*row).size)));
-        }
+            (*row).base.add(w.trailing_zeros() as usize * (*row).size)
+        };
+        (*row).count += 1;
+        // A slot handed out carries no freed mark (see the module documentation).
+        p.add(slab::MARK_OFFSET).cast::<u64>().write(0);
+        Some(NonNull::new_unchecked(p))
     }
-    None
 }
 
 /// The allocation slow path of [`alloc_fast`]: sets the thread up, then refills the row. Returns
@@ -296,8 +302,14 @@ pub fn alloc_slow(class: usize) -> *mut u8 {
             return core::ptr::null_mut();
         }
     }
-    // SAFETY: `cache` is this thread's own (owner).
-    unsafe { refill_and_take(cache, class) }
+    // SAFETY: `cache` is this thread's own (owner); a slot (or arena object) has at least 16 bytes.
+    unsafe {
+        let p = refill_and_take(cache, class);
+        if !p.is_null() {
+            p.add(slab::MARK_OFFSET).cast::<u64>().write(0);
+        }
+        p
+    }
 }
 
 /// Returns the row's checked-out word to its slab's bitmap.
@@ -540,9 +552,28 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
         // SAFETY: forwarded contract.
         return unsafe { remote::free(p, slab) };
     }
-    // SAFETY: owner (the slab is this thread's cache's); `t < STACK`.
+    // SAFETY: owner (the slab is this thread's cache's); `p` is a validated slot of at least 16 bytes,
+    // 16-aligned, so its second word is in it; `t < STACK`.
     unsafe {
         let idx = Slab::index_of(slab, p);
+        let (mark, m) = (p.add(slab::MARK_OFFSET).cast::<u64>(), slab::freed_mark());
+        if *mark == m {
+            return free_marked(cache, slab, idx, p);
+        }
+        *mark = m;
+        owner_release(cache, slab, idx, p);
+    }
+}
+
+/// The owner's free of a slot whose freed mark is set: onto the row's stack, or into the word or
+/// bitmap when the stack is full.
+///
+/// # Safety
+/// - owner; `p` is slot `idx` of `slab`, a slab of `cache`, and is being freed.
+#[inline(always)]
+unsafe fn owner_release(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8) {
+    // SAFETY: owner; `t < STACK`.
+    unsafe {
         let row = row_of(cache, slab);
         let t = (*row).top as usize;
         if t < STACK {
@@ -553,6 +584,29 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
         if release_slot(row, slab, idx, p) && needs_refile(slab) {
             free_slow(slab);
         }
+    }
+}
+
+/// A free that found the freed mark already in the slot: aborts if the slot is free (a double
+/// free); otherwise the program's data happened to equal the mark, and the free goes on.
+///
+/// # Safety
+/// - as [`owner_release`].
+#[cold]
+#[inline(never)]
+unsafe fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8) {
+    // SAFETY: owner: the row, its stack, the slab's bitmap and its remote list are ours to read.
+    unsafe {
+        let row = row_of(cache, slab);
+        let stack = (&raw const (*row).stack).cast::<*mut u8>();
+        let stacked = (0..(*row).top as usize).any(|i| *stack.add(i) == p);
+        let (w, bit) = ((idx >> 6) as u32, 1u64 << (idx & 63));
+        let in_word = (*row).current == slab && (*row).widx == w;
+        let free_bit = if in_word { (*row).word & bit != 0 } else { *Slab::bits(slab).add(w as usize) & bit != 0 };
+        if stacked || free_bit || remote::is_listed(slab, p) {
+            os::invalid_pointer(p, "free(): double free detected");
+        }
+        owner_release(cache, slab, idx, p);
     }
 }
 
@@ -901,18 +955,36 @@ mod tests {
             let class = class_of(16);
             let p = alloc(class);
             let q = alloc(class);
-            // SAFETY: a deliberate double free onto the stack (not caught there), then undone by
-            // allocating twice, which hands `q` out twice: the test owns both copies.
+            // SAFETY: our own cache (owner); `q` is freed once, then its stack entry is duplicated by
+            // hand (a double free would abort before it got there) and the duplicate taken off again.
             unsafe {
                 free_small(q, slab_of(q));
-                free_small(q, slab_of(q));
+                let row = row_of(mine(), slab_of(q));
+                let t = (*row).top as usize;
+                *(&raw mut (*row).stack).cast::<*mut u8>().add(t) = q;
+                (*row).top += 1;
+                assert_eq!(check_mine(), Err("a slot is stacked twice (double free)"));
+                (*row).top -= 1;
+                check_mine().unwrap();
+                free_small(p, slab_of(p));
             }
-            assert_eq!(check_mine(), Err("a slot is stacked twice (double free)"));
-            assert_eq!((alloc(class), alloc(class)), (q, q));
-            check_mine().unwrap();
-            // SAFETY: live slots, freed once each.
+        });
+    }
+
+    #[test]
+    fn data_equal_to_the_freed_mark_is_not_a_double_free() {
+        on_thread(|| {
+            let class = class_of(32);
+            let p = alloc(class);
+            // SAFETY: a live slot of 32 bytes, freed once.
             unsafe {
-                free_small(q, slab_of(q));
+                p.add(slab::MARK_OFFSET).cast::<u64>().write(slab::freed_mark());
+                free_small(p, slab_of(p));
+            }
+            assert_eq!(alloc(class), p, "freed normally, onto the stack");
+            // SAFETY: live again; its mark was cleared when it was handed out.
+            unsafe {
+                assert_eq!(p.add(slab::MARK_OFFSET).cast::<u64>().read(), 0);
                 free_small(p, slab_of(p));
             }
         });

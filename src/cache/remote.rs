@@ -7,7 +7,8 @@
 use core::sync::atomic::Ordering;
 
 use super::{cache_of, owner_free, refile, Cache};
-use crate::slab::{Slab, QUEUED};
+use crate::os;
+use crate::slab::{self, Slab, QUEUED};
 use crate::stats::{self, COUNTERS};
 
 /// Frees slot `p` of `slab`, which another thread's cache owns.
@@ -21,6 +22,15 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
     // linked. The owner cache is never freed, and its `remote` queue is atomic.
     unsafe {
         let _ = Slab::index_of(slab, p);
+        // The freed mark, so that an owner's later free of the same slot finds it on the remote list.
+        // A slot that carries it already was freed before (by its owner or another thread): this
+        // thread cannot look into the owner's structures to confirm, but a live block holds the mark
+        // only if the program read it out of freed memory (or by a 2^-64 coincidence), so it aborts.
+        let mark = p.add(slab::MARK_OFFSET).cast::<u64>();
+        if *mark == slab::freed_mark() {
+            os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
+        }
+        *mark = slab::freed_mark();
         if Slab::push_remote(slab, p) {
             let q = &(*cache_of((*slab).owner)).remote;
             let mut head = q.load(Ordering::Relaxed);
@@ -91,4 +101,23 @@ pub(super) unsafe fn collect(cache: *mut Cache, slab: *mut Slab) -> u32 {
     let old = remote.fetch_and(QUEUED, Ordering::Acquire);
     // SAFETY: owner; the list was taken with acquire ordering.
     unsafe { apply(cache, slab, old & !QUEUED) }
+}
+
+/// Whether slot `p` of `slab` is on the slab's remote list.
+///
+/// # Safety
+/// - owner: the calling thread owns `slab` (only the owner takes the list, so the chain below the
+///   head it reads stays as it is).
+pub(super) unsafe fn is_listed(slab: *mut Slab, p: *mut u8) -> bool {
+    // SAFETY: the slab is live; the list's members are dead slots linked through their first word.
+    unsafe {
+        let mut l = (*slab).shared.remote.load(Ordering::Acquire) & !QUEUED;
+        while l != 0 {
+            if l == p as usize {
+                return true;
+            }
+            l = (l as *const usize).read();
+        }
+    }
+    false
 }
