@@ -127,13 +127,14 @@ pub fn aligned_alloc(align: usize, n: usize) -> *mut c_void {
     aligned(align, n)
 }
 
-/// `memalign(a, n)`: `a <= 16` acts as malloc; a non-power-of-two `a` is rounded up; a huge `a` gives
-/// NULL + `EINVAL`.
+/// `memalign(a, n)`: `a <= 16` acts as malloc; a non-power-of-two `a` is rounded up; an `a` beyond
+/// `SIZE_MAX / 2 + 1` (no power of two) gives NULL + `EINVAL`, a power of two too large to serve NULL
+/// + `ENOMEM`, as glibc does.
 pub fn memalign(align: usize, n: usize) -> *mut c_void {
     if align <= MIN_ALIGN {
         return malloc(n);
     }
-    if align > PTRDIFF_MAX / 2 + 1 {
+    if align > usize::MAX / 2 + 1 {
         return fail(libc::EINVAL);
     }
     aligned(align.next_power_of_two(), n)
@@ -356,6 +357,10 @@ mod tests {
         assert!(aligned_alloc(0, 8).is_null());
         assert_eq!(os::errno(), libc::EINVAL);
         assert!(aligned_alloc(24, 8).is_null());
+        assert!(memalign(1 << 63, 1).is_null());
+        assert_eq!(os::errno(), libc::ENOMEM);
+        assert!(memalign((1 << 63) + 1, 1).is_null());
+        assert_eq!(os::errno(), libc::EINVAL);
         let q = memalign(24, 10);
         assert_eq!(q as usize % 32, 0);
         // SAFETY: live block.

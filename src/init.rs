@@ -26,17 +26,29 @@ pub struct Started {
     pub map: *mut PageEntry,
 }
 
-/// The options from the environment; a bad value is reported on stderr and its default kept.
+/// The options from the environment. A bad value is reported on stderr with the reason, and its
+/// default kept; a name that is no option (a typo) is reported with the closest option's name.
 pub fn read_options() -> Values {
     let mut opts = Values::defaults();
     os::for_each_option(|name, value| {
-        if opts.apply(name, value).is_err() {
-            let mut m = os::MsgBuf::new();
-            m.str("edgepool: ignoring bad value of EDGEPOOL_");
-            m.str(core::str::from_utf8(name).unwrap_or("?"));
-            m.str(", keeping the default\n");
-            os::write_stderr(m.as_bytes());
+        let shown = core::str::from_utf8(name).unwrap_or("?");
+        let mut m = os::MsgBuf::new();
+        match opts.apply(name, value) {
+            Ok(true) => return,
+            Ok(false) if options::is_tool_name(name) => return,
+            Ok(false) => {
+                m.str("edgepool: EDGEPOOL_").str(shown).str(" is not an option of edgepool, ignored");
+                if let Some(c) = options::closest(name) {
+                    m.str(" (did you mean EDGEPOOL_").str(c).str("?)");
+                }
+                m.str("; EDGEPOOL_VERBOSE=1 lists the options\n");
+            }
+            Err(why) => {
+                m.str("edgepool: ignoring bad value of EDGEPOOL_").str(shown).str(" (");
+                m.str(why).str("), keeping the default\n");
+            }
         }
+        os::write_stderr(m.as_bytes());
     });
     opts
 }

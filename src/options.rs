@@ -2,7 +2,9 @@
 //!
 //! Parsing is pure and allocation-free. Sizes accept a plain number of bytes or a `K`, `M`, `G` suffix
 //! (powers of 1024, optional trailing `B`/`iB`); booleans accept `1/true/yes/on` and `0/false/no/off`.
-//! A bad value is reported once on stderr and the default is kept.
+//! A bad value is reported once on stderr, with the reason, and the default is kept; a name that is not
+//! an option (a typo) is reported too, with the closest option's name. Names that start with `TEST_`
+//! (the test suite's) and [`NOT_OPTIONS`] belong to edgepool's tools and are passed over.
 #![forbid(unsafe_code)]
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +110,40 @@ pub const OPTIONS: [OptionDef; 12] = [
     },
 ];
 
+/// `EDGEPOOL_*` names that are not allocator options but belong to edgepool's own tools (the tract
+/// example's allocator switch); with every name starting with `TEST_`, they are not reported.
+pub const NOT_OPTIONS: [&str; 1] = ["ALLOCATOR"];
+
+/// Whether `name` (without the prefix) belongs to edgepool's tools rather than to the allocator.
+pub fn is_tool_name(name: &[u8]) -> bool {
+    name.starts_with(b"TEST_") || NOT_OPTIONS.iter().any(|n| n.as_bytes() == name)
+}
+
+/// The option whose name is closest to `name` (at most two edits away), for "did you mean".
+pub fn closest(name: &[u8]) -> Option<&'static str> {
+    fn distance(a: &[u8], b: &[u8]) -> usize {
+        // Levenshtein, one row; names are short (a fixed buffer, no allocation).
+        let mut row = [0usize; 64];
+        if b.len() >= row.len() {
+            return usize::MAX;
+        }
+        for (j, r) in row.iter_mut().enumerate().take(b.len() + 1) {
+            *r = j;
+        }
+        for (i, &ca) in a.iter().enumerate() {
+            let mut diag = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let up = row[j + 1];
+                row[j + 1] = (diag + usize::from(!ca.eq_ignore_ascii_case(&cb))).min(up + 1).min(row[j] + 1);
+                diag = up;
+            }
+        }
+        row[b.len()]
+    }
+    OPTIONS.iter().map(|d| (distance(name, d.name.as_bytes()), d.name)).filter(|&(d, _)| d <= 2).min().map(|(_, n)| n)
+}
+
 /// Parses a decimal unsigned number (the whole slice).
 pub fn parse_u64(s: &[u8]) -> Option<u64> {
     let s = trim(s);
@@ -177,12 +213,14 @@ pub fn parse_bool(s: &[u8]) -> Option<bool> {
     }
 }
 
-/// Checks an option's value beyond its syntax; returns the value to use.
-pub fn validate(index: usize, v: u64) -> Option<u64> {
+/// Checks an option's value beyond its syntax; returns the value to use, or why it is refused.
+pub fn validate(index: usize, v: u64) -> Result<u64, &'static str> {
     match index {
-        MAX_BLOCK => (v.is_power_of_two() && (256 << 10..=1 << 30).contains(&v)).then_some(v),
-        RESERVE => (v >= 16 << 20).then_some(v),
-        _ => Some(v),
+        MAX_BLOCK if !(v.is_power_of_two() && (256 << 10..=1 << 30).contains(&v)) => {
+            Err("it must be a power of two from 256K to 1G")
+        }
+        RESERVE if v < 16 << 20 => Err("it must be at least 16M"),
+        _ => Ok(v),
     }
 }
 
@@ -207,23 +245,22 @@ impl Values {
         Values(v)
     }
 
-    /// Applies one `NAME=value` pair (name without the `EDGEPOOL_` prefix). Returns `Err(())` for a
-    /// known name with a bad value; unknown names are ignored (`Ok(false)`).
-    #[allow(clippy::result_unit_err)]
-    pub fn apply(&mut self, name: &[u8], value: &[u8]) -> Result<bool, ()> {
+    /// Applies one `NAME=value` pair (name without the `EDGEPOOL_` prefix). Returns `Ok(true)` when
+    /// it set an option, `Ok(false)` for a name that is not an option (left alone), and for a known
+    /// name with a bad value the reason, keeping the option as it was.
+    pub fn apply(&mut self, name: &[u8], value: &[u8]) -> Result<bool, &'static str> {
         for (i, def) in OPTIONS.iter().enumerate() {
             if def.name.as_bytes() == name {
                 let parsed = match def.kind {
-                    Kind::Size => parse_size(value),
-                    Kind::Bool => parse_bool(value).map(u64::from),
-                };
-                return match parsed.and_then(|v| validate(i, v)) {
-                    Some(v) => {
-                        self.0[i] = v;
-                        Ok(true)
+                    Kind::Size => {
+                        parse_size(value).ok_or("it is not a size (a number of bytes, or with a K, M, G or T suffix)")
                     }
-                    None => Err(()),
+                    Kind::Bool => {
+                        parse_bool(value).map(u64::from).ok_or("it is not a boolean (1/0, true/false, yes/no, on/off)")
+                    }
                 };
+                self.0[i] = parsed.and_then(|v| validate(i, v))?;
+                return Ok(true);
             }
         }
         Ok(false)
@@ -273,11 +310,23 @@ mod tests {
         let mut v = Values::defaults();
         assert_eq!(v.apply(b"LIMIT", b"180M"), Ok(true));
         assert_eq!(v.get(LIMIT), 180 << 20);
-        assert_eq!(v.apply(b"MAX_BLOCK", b"3M"), Err(()));
+        assert_eq!(v.apply(b"MAX_BLOCK", b"3M"), Err("it must be a power of two from 256K to 1G"));
         assert_eq!(v.get(MAX_BLOCK), OPTIONS[MAX_BLOCK].default);
         assert_eq!(v.apply(b"MAX_BLOCK", b"128M"), Ok(true));
         assert_eq!(v.get(MAX_BLOCK), 128 << 20);
         assert_eq!(v.apply(b"NOPE", b"1"), Ok(false));
-        assert_eq!(v.apply(b"VERBOSE", b"bogus"), Err(()));
+        assert!(v.apply(b"VERBOSE", b"bogus").unwrap_err().contains("boolean"));
+        assert_eq!(v.apply(b"RESERVE", b"1M"), Err("it must be at least 16M"));
+        assert!(v.apply(b"RETAIN", b"lots").unwrap_err().contains("size"));
+    }
+
+    #[test]
+    fn typos_find_the_closest_option_and_tool_names_are_passed_over() {
+        assert_eq!(closest(b"MAXBLOCK"), Some("MAX_BLOCK"));
+        assert_eq!(closest(b"retain"), Some("RETAIN"));
+        assert_eq!(closest(b"LOAD_PHASES"), Some("LOAD_PHASE"));
+        assert_eq!(closest(b"SOMETHING_ELSE"), None);
+        assert!(is_tool_name(b"TEST_PYTHON") && is_tool_name(b"ALLOCATOR"));
+        assert!(!is_tool_name(b"MAXBLOCK"));
     }
 }

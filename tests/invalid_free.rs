@@ -12,7 +12,7 @@ static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 fn expect_abort(case: &str, message: &str) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("EDGEPOOL_BAD_FREE_CASE", case)
+        .env("EDGEPOOL_TEST_BAD_FREE_CASE", case)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -63,7 +63,7 @@ fn foreign_pointer_aborts() {
 #[test]
 #[ignore = "run by the tests above in a child process"]
 fn child() {
-    let case = std::env::var("EDGEPOOL_BAD_FREE_CASE").unwrap();
+    let case = std::env::var("EDGEPOOL_TEST_BAD_FREE_CASE").unwrap();
     // SAFETY: deliberately wrong frees; the allocator must abort before any harm.
     unsafe {
         match case.as_str() {

@@ -34,11 +34,27 @@ fn environment_sets_options_and_verbose_prints_them() {
 
 #[test]
 fn bad_value_is_reported_and_default_kept() {
-    let out = run_child("child_sees_defaults", &[("EDGEPOOL_MAX_BLOCK", "3M"), ("EDGEPOOL_RETAIN", "lots")]);
+    let out = run_child(
+        "child_sees_defaults",
+        &[
+            ("EDGEPOOL_MAX_BLOCK", "3M"),
+            ("EDGEPOOL_RETAIN", "lots"),
+            ("EDGEPOOL_RESERVE", "1M"),
+            ("EDGEPOOL_PURGEDELAY", "5"),
+            ("EDGEPOOL_TEST_ANYTHING", "1"),
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed: {stderr}");
-    assert!(stderr.contains("ignoring bad value of EDGEPOOL_MAX_BLOCK"), "{stderr}");
-    assert!(stderr.contains("ignoring bad value of EDGEPOOL_RETAIN"), "{stderr}");
+    assert!(stderr.contains("ignoring bad value of EDGEPOOL_MAX_BLOCK (it must be a power of two"), "{stderr}");
+    assert!(stderr.contains("ignoring bad value of EDGEPOOL_RETAIN (it is not a size"), "{stderr}");
+    assert!(stderr.contains("ignoring bad value of EDGEPOOL_RESERVE (it must be at least 16M)"), "{stderr}");
+    assert!(
+        stderr
+            .contains("EDGEPOOL_PURGEDELAY is not an option of edgepool, ignored (did you mean EDGEPOOL_PURGE_DELAY?)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("TEST_ANYTHING"), "the test suite's variables are not reported: {stderr}");
 }
 
 #[test]

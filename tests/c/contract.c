@@ -138,6 +138,8 @@ static void test_aligned(void) {
     free(m);
     errno = 0;
     CHECK(memalign(half + 2, 16) == NULL && errno == EINVAL, "memalign huge alignment errno=%d", errno);
+    errno = 0;
+    CHECK(memalign((size_t)1 << 63, 1) == NULL && errno == ENOMEM, "memalign(1<<63) must be ENOMEM errno=%d", errno);
     long page = sysconf(_SC_PAGESIZE);
     void *v = valloc(10);
     CHECK(v && ((uintptr_t)v % page) == 0, "valloc page aligned");
