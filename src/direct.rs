@@ -154,7 +154,8 @@ pub fn alloc(size: usize, align: usize) -> *mut u8 {
     if !heap::budget_allows(len) {
         return core::ptr::null_mut();
     }
-    let raw = os::map(total);
+    // Under the overcommit policy (no MAP_NORESERVE): the program owns this memory.
+    let raw = os::map_owned(total);
     if raw.is_null() {
         stats::add(&COUNTERS.oom_refusals, 1);
         return core::ptr::null_mut();

@@ -37,21 +37,13 @@ pub fn startup_random() -> u64 {
     }
 }
 
-/// A new private anonymous mapping of `len` bytes with protection `prot`, without commit charge
-/// (`MAP_NORESERVE`). Returns null on failure.
-fn mmap_anon(len: usize, prot: libc::c_int) -> *mut u8 {
+/// A new private anonymous mapping of `len` bytes with protection `prot` and extra `flags`. Returns
+/// null on failure.
+fn mmap_anon(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
     // memory.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
+    let p =
+        unsafe { libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags, -1, 0) };
     if p == libc::MAP_FAILED {
         core::ptr::null_mut()
     } else {
@@ -62,13 +54,22 @@ fn mmap_anon(len: usize, prot: libc::c_int) -> *mut u8 {
 /// Reserves `len` bytes of address space with no access and no commit charge.
 /// Returns null on failure. `len` must be a multiple of [`PAGE`].
 pub fn reserve(len: usize) -> *mut u8 {
-    mmap_anon(len, libc::PROT_NONE)
+    mmap_anon(len, libc::PROT_NONE, libc::MAP_NORESERVE)
 }
 
-/// Maps `len` fresh, zeroed, read-write bytes (committed lazily by the kernel on first touch).
-/// Returns null on failure.
+/// Maps `len` fresh, zeroed, read-write bytes for the allocator's own metadata (the page map, the
+/// direct table), without commit charge (`MAP_NORESERVE`): they are touched sparsely. Pages are
+/// faulted in on first touch. Returns null on failure.
 pub fn map(len: usize) -> *mut u8 {
-    mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE)
+    mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_NORESERVE)
+}
+
+/// Maps `len` fresh, zeroed, read-write bytes that the program will own (a direct mapping), under the
+/// kernel's overcommit policy: where the kernel would refuse the commit charge (a request larger than
+/// the machine under the default heuristic, anything beyond the limit under strict accounting), this
+/// returns null, as glibc's `malloc` does. Pages are faulted in on first touch.
+pub fn map_owned(len: usize) -> *mut u8 {
+    mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE, 0)
 }
 
 /// Makes `[p, p+len)` of a reservation readable and writable. Pages read as zero until written.
