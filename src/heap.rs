@@ -326,6 +326,13 @@ impl Inner {
                     if self.grow() {
                         continue;
                     }
+                    // The region cannot grow (the OS refused, or it is full): dirty free blocks do not
+                    // merge with clean buddies, so purge them, let them merge, and look again.
+                    if !purged && self.buddy.dirty_bytes > 0 {
+                        self.purge_all();
+                        purged = true;
+                        continue;
+                    }
                     None
                 }
             };

@@ -37,9 +37,50 @@ pub fn startup_random() -> u64 {
     }
 }
 
+/// Fault injection (feature `fault-injection`, for tests): how many more requests for memory the OS
+/// layer grants before it refuses every one (`usize::MAX`: never refuses).
+#[cfg(feature = "fault-injection")]
+static GRANTS_LEFT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// Fault injection (feature `fault-injection`): the OS layer grants `n` more requests for memory
+/// (reserve, commit, map, remap), then refuses each as the kernel does when out of memory; `None`
+/// grants everything again.
+#[cfg(feature = "fault-injection")]
+pub fn refuse_after(n: Option<usize>) {
+    GRANTS_LEFT.store(n.unwrap_or(usize::MAX), core::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the OS layer may ask the kernel for memory now (always, unless a fault is injected).
+#[inline]
+fn granted() -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        use core::sync::atomic::Ordering;
+        let mut left = GRANTS_LEFT.load(Ordering::SeqCst);
+        loop {
+            if left == usize::MAX {
+                return true;
+            }
+            if left == 0 {
+                set_errno(libc::ENOMEM);
+                return false;
+            }
+            match GRANTS_LEFT.compare_exchange(left, left - 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(l) => left = l,
+            }
+        }
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    true
+}
+
 /// A new private anonymous mapping of `len` bytes with protection `prot` and extra `flags`. Returns
 /// null on failure.
 fn mmap_anon(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
+    if !granted() {
+        return core::ptr::null_mut();
+    }
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
     // memory.
     let p =
@@ -77,6 +118,9 @@ pub fn map_owned(len: usize) -> *mut u8 {
 /// # Safety
 /// - `p` is page aligned and `[p, p+len)` lies inside a mapping made by [`reserve`] or [`map`].
 pub unsafe fn commit(p: *mut u8, len: usize) -> bool {
+    if !granted() {
+        return false;
+    }
     // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
     unsafe { libc::mprotect(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
 }
@@ -157,6 +201,9 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
 /// # Safety
 /// - `[p, p+old)` is exactly one mapping made by [`map`].
 pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
+    if new > old && !granted() {
+        return core::ptr::null_mut();
+    }
     // SAFETY: guaranteed by the caller; MREMAP_MAYMOVE keeps the contents.
     let q = unsafe { libc::mremap(p.cast(), old, new, libc::MREMAP_MAYMOVE) };
     if q == libc::MAP_FAILED {
