@@ -122,6 +122,24 @@ fn c_contract_suite_under_preload() {
 }
 
 #[test]
+fn c_oracle_under_preload() {
+    let dir = tmp_dir("oracle");
+    let exe = dir.join("oracle");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/oracle.c"), &exe, &["-pthread"]);
+    for seed in ["1", "20261130"] {
+        // The oracle itself, on glibc: it must pass there too.
+        let plain = run_with(Command::new(&exe).args([seed, "5000", "4"]), false, &[]);
+        assert!(plain.status.success(), "oracle fails on glibc: {}", String::from_utf8_lossy(&plain.stdout));
+        let out = run_with(Command::new(&exe).args([seed, "20000", "4"]), true, &[("EDGEPOOL_STATS", "1")]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "C oracle under edgepool, seed {seed}:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("oracle: 80000 operations") && stdout.contains("1 passed, 0 failed"), "{stdout}");
+        assert!(stat(&stderr, "slabs_acquired") > 0 && stat(&stderr, "direct_allocs") > 0, "{stderr}");
+    }
+}
+
+#[test]
 fn cxx_under_preload() {
     let dir = tmp_dir("cxx");
     let exe = dir.join("cxx");
