@@ -131,6 +131,9 @@ pub fn ensure_init() -> bool {
 #[cold]
 #[inline(never)]
 fn init_slow() -> bool {
+    // The reservation may be refused and halved on the way: a malloc that succeeds leaves errno as
+    // it found it.
+    let saved_errno = os::errno();
     let mut opts = None;
     let ok = with_heap(|h| {
         match STATE.load(Ordering::Acquire) {
@@ -164,6 +167,9 @@ fn init_slow() -> bool {
     });
     if let Some(o) = opts {
         init::after_start(&o, print_stats_at_exit);
+    }
+    if ok {
+        os::set_errno(saved_errno);
     }
     ok
 }

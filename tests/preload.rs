@@ -140,6 +140,19 @@ fn c_oracle_under_preload() {
 }
 
 #[test]
+fn start_up_under_an_address_space_limit_leaves_errno_alone() {
+    let dir = tmp_dir("errno-start");
+    let exe = dir.join("errno_start");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/errno_start.c"), &exe, &[]);
+    // 8 GB of address space: the default 64 GiB reservation is refused and halved until it fits.
+    let script = format!("ulimit -v 8000000 && exec {}", exe.display());
+    let out = run_with(Command::new("sh").args(["-c", &script]), true, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "malloc ok errno=0");
+}
+
+#[test]
 fn cxx_under_preload() {
     let dir = tmp_dir("cxx");
     let exe = dir.join("cxx");
