@@ -5,6 +5,8 @@
 //!
 //! `cargo test --release --features fault-injection --test faults` (CI runs it with `--all-features`).
 
+mod common;
+
 use core::ffi::c_void;
 
 use edgepool::c_api;
@@ -15,24 +17,15 @@ static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
 const MIB: usize = 1 << 20;
 
-fn pattern(p: usize, i: usize) -> u8 {
-    (p >> 4) as u8 ^ (i as u8).wrapping_mul(13)
-}
-
-/// Fills the first and last 64 bytes and one byte a page of a block.
+/// Fills the first and last 64 bytes and one byte a page of a block with its pattern.
 fn fill(p: *mut u8, size: usize) {
-    for i in (0..size.min(64)).chain(size.saturating_sub(64)..size).chain((4096..size).step_by(4096)) {
-        // SAFETY: i < size, inside the live block.
-        unsafe { *p.add(i) = pattern(p as usize, i) };
-    }
+    // SAFETY: a live block of `size` bytes.
+    unsafe { common::fill_sampled(p, size, p as usize, 4096) }
 }
 
 fn intact(p: *mut u8, size: usize) -> bool {
-    // SAFETY: i < size, inside the live block.
-    (0..size.min(64))
-        .chain(size.saturating_sub(64)..size)
-        .chain((4096..size).step_by(4096))
-        .all(|i| unsafe { *p.add(i) } == pattern(p as usize, i))
+    // SAFETY: a live block of `size` bytes.
+    unsafe { common::verify_sampled(p, size, size, p as usize, 4096) }.is_none()
 }
 
 /// Asserts that a C allocation call failed with NULL and ENOMEM.

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use common::Rng;
+use common::{fill_sampled, sampled, verify_sampled, Rng};
 
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
@@ -36,30 +36,23 @@ struct Block {
 // SAFETY: a Block is an owned allocation handed from thread to thread.
 unsafe impl Send for Block {}
 
-fn byte(b: &Block, i: usize) -> u8 {
-    let k = (b.ptr as u64 ^ b.gen.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (k >> 56) as u8 ^ (i as u8).wrapping_mul(31) ^ (i >> 12) as u8
-}
+/// One byte of pattern every this many bytes, beyond the first and last 64.
+const STEP: usize = 16384;
 
-/// The offsets that carry the pattern: the first and last 64 bytes, and one byte every 16 KiB.
-fn offsets(size: usize) -> impl Iterator<Item = usize> {
-    let head = 0..size.min(64);
-    let tail = size.saturating_sub(64).max(64)..size;
-    let pages = (16384..size).step_by(16384);
-    head.chain(tail).chain(pages)
+/// The pattern key of a block: its address and generation.
+fn key(b: &Block) -> usize {
+    b.ptr ^ b.gen.rotate_left(17) as usize
 }
 
 fn fill(b: &Block) {
-    for i in offsets(b.size) {
-        // SAFETY: i < size, inside the live block.
-        unsafe { *(b.ptr as *mut u8).add(i) = byte(b, i) };
-    }
+    // SAFETY: a live block of `b.size` bytes.
+    unsafe { fill_sampled(b.ptr as *mut u8, b.size, key(b), STEP) }
 }
 
-/// The first offset whose byte is not the pattern's, within the first `size` bytes.
-fn check(b: &Block, size: usize) -> Option<usize> {
-    // SAFETY: i < size <= the block's size, inside the live block.
-    offsets(size).find(|&i| unsafe { *(b.ptr as *const u8).add(i) } != byte(b, i))
+/// The first offset whose byte is not the pattern's.
+fn check(b: &Block) -> Option<usize> {
+    // SAFETY: a live block of `b.size` bytes.
+    unsafe { verify_sampled(b.ptr as *const u8, b.size, b.size, key(b), STEP) }
 }
 
 /// Every live block of every thread, by address: a new block must overlap none.
@@ -135,7 +128,7 @@ impl Program {
         let b = Block { ptr: p as usize, size, align, gen: self.gen };
         if zeroed && p as usize != 0 {
             // SAFETY: i < size, inside the new block.
-            let nz = offsets(size).find(|&i| unsafe { *p.add(i) } != 0);
+            let nz = sampled(size, STEP).find(|&i| unsafe { *p.add(i) } != 0);
             assert_eq!(nz, None, "{}", self.fail(&format!("zeroed block of {size} bytes is not zero")));
         }
         self.adopt(b, "alloc");
@@ -144,7 +137,7 @@ impl Program {
     fn take(&mut self, k: usize) -> Block {
         let b = self.live.swap_remove(k);
         self.bytes -= b.size;
-        if let Some(i) = check(&b, b.size) {
+        if let Some(i) = check(&b) {
             panic!("{}", self.fail(&format!("block {:#x} of {} bytes damaged at offset {i}", b.ptr, b.size)));
         }
         b
@@ -181,10 +174,8 @@ impl Program {
         }
         assert!(!q.is_null(), "{}", self.fail(&format!("realloc to {new_size} returned null")));
         // The kept prefix carries the old pattern (keyed by the old block) where the old block had it.
-        let bad = offsets(b.size).filter(|&i| i < new_size).find(|&i| {
-            // SAFETY: i < min(old, new size), inside the new block.
-            unsafe { *q.add(i) != byte(&b, i) }
-        });
+        // SAFETY: the new block holds `new_size` bytes.
+        let bad = unsafe { verify_sampled(q, b.size, new_size, key(&b), STEP) };
         assert_eq!(bad, None, "{}", self.fail(&format!("realloc {} -> {new_size} lost data", b.size)));
         self.gen += 1;
         self.adopt(Block { ptr: q as usize, size: new_size, align: b.align, gen: self.gen }, "realloc");
@@ -212,7 +203,7 @@ impl Program {
         if self.op % 32 == 0 {
             while let Ok(batch) = inbox.try_recv() {
                 for b in batch {
-                    if let Some(i) = check(&b, b.size) {
+                    if let Some(i) = check(&b) {
                         panic!("{}", self.fail(&format!("handed-over block damaged at offset {i}")));
                     }
                     self.free(b);
@@ -269,7 +260,7 @@ fn run(seed: u64) {
                 drop(phase);
                 while let Some(b) = p.live.pop() {
                     p.bytes -= b.size;
-                    if let Some(i) = check(&b, b.size) {
+                    if let Some(i) = check(&b) {
                         panic!("{}", p.fail(&format!("block damaged at offset {i} at the end")));
                     }
                     p.free(b);
@@ -290,7 +281,7 @@ fn run(seed: u64) {
         total += n;
         while let Ok(batch) = inbox.try_recv() {
             for b in batch {
-                assert_eq!(check(&b, b.size), None, "seed {seed}: a handed-over block was damaged");
+                assert_eq!(check(&b), None, "seed {seed}: a handed-over block was damaged");
                 shadow.remove(&b);
                 // SAFETY: a live block, freed once.
                 unsafe { edgepool::raw::free(b.ptr as *mut u8) };

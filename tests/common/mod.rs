@@ -51,6 +51,33 @@ pub unsafe fn verify(p: *const u8, size: usize, key: usize) -> Option<usize> {
     (0..size).find(|&i| unsafe { *p.add(i) } != pattern(key, i))
 }
 
+/// The offsets of a block of `size` bytes that carry a sampled pattern: the first and last 64 bytes,
+/// and one byte every `step` bytes (large blocks are checked without touching every page).
+pub fn sampled(size: usize, step: usize) -> impl Iterator<Item = usize> {
+    (0..size.min(64)).chain(size.saturating_sub(64).max(64)..size).chain((step..size).step_by(step))
+}
+
+/// Writes the pattern of `key` at the [`sampled`] offsets of `[p, p+size)`.
+///
+/// # Safety
+/// - `[p, p+size)` is writable.
+pub unsafe fn fill_sampled(p: *mut u8, size: usize, key: usize, step: usize) {
+    for i in sampled(size, step) {
+        // SAFETY: i < size, inside the writable range (caller).
+        unsafe { *p.add(i) = pattern(key, i) };
+    }
+}
+
+/// Checks the pattern of `key` at the [`sampled`] offsets below `upto` of a block of `size` bytes at
+/// `p`; returns the first bad offset.
+///
+/// # Safety
+/// - `[p, p+min(size, upto))` is readable.
+pub unsafe fn verify_sampled(p: *const u8, size: usize, upto: usize, key: usize, step: usize) -> Option<usize> {
+    // SAFETY: i < min(size, upto), inside the readable range (caller).
+    sampled(size, step).filter(|&i| i < upto).find(|&i| unsafe { *p.add(i) } != pattern(key, i))
+}
+
 /// A scale factor for the heavier tests: `EDGEPOOL_TEST_SCALE` (default 1).
 pub fn scale() -> usize {
     std::env::var("EDGEPOOL_TEST_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
