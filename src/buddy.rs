@@ -32,10 +32,17 @@ pub enum PageKind {
     Meta = 4,
     /// Every page of a load-arena chunk, so that any interior pointer finds its chunk.
     Arena = 5,
+    /// Every page of a *hole*: a piece of a lazy region that something else had mapped when the heap
+    /// grew over it. Not the heap's; the head's `next` is the hole's length in pages.
+    Outside = 6,
 }
 
 /// `flags` bit: the free block may hold resident (non-zero) pages.
 pub const DIRTY: u8 = 1;
+/// `flags` bit: the free block's pages were handed out since they were committed, so they may read
+/// non-zero even when clean (a write after free into a purged page faults a page back in with the
+/// written data). Only a block without it is known to read zero. `DIRTY` implies `USED`.
+pub const USED: u8 = 2;
 
 /// One entry per 4 KiB page of the region.
 ///
@@ -49,7 +56,7 @@ pub const DIRTY: u8 = 1;
 pub struct PageEntry {
     pub kind: PageKind,
     pub order: u8,
-    /// `DIRTY` or 0, for a free block.
+    /// `DIRTY` and `USED` bits, for a free block.
     pub flags: u8,
     /// Of an allocated block's head: 1 if it was allocated inside a load phase, else 0.
     pub load: u8,
@@ -64,7 +71,8 @@ pub struct PageEntry {
 ///   `DIRTY` flag is `d` (clean blocks in list 0, dirty ones in list 1), so that allocation can prefer
 ///   memory that is already resident and purging can find dirty blocks without walking clean ones;
 /// - a block of order `o` starts at a page index that is a multiple of `2^(o - MIN_ORDER)`;
-/// - every page below `frontier` belongs to exactly one block (free or allocated);
+/// - every page below `frontier` belongs to exactly one block (free or allocated) or one hole
+///   (`Outside` pages, `hole_pages` in all);
 /// - two free buddies of the same order and the same state (clean or dirty) never coexist: they are
 ///   merged on release; a clean and a dirty buddy stay apart until the dirty one is purged;
 /// - `free_bytes` / `dirty_bytes` are the sums of the sizes of free / free-and-dirty blocks.
@@ -75,8 +83,10 @@ pub struct Buddy {
     nonempty: [u32; 2],
     /// Order of the blocks the region is carved into.
     pub top: u32,
-    /// Pages `[0, frontier)` are committed and covered by blocks.
+    /// Pages `[0, frontier)` are committed and covered by blocks, except the holes.
     pub frontier: u32,
+    /// Pages below the frontier that are holes, not the heap's.
+    pub hole_pages: u32,
     pub free_bytes: usize,
     pub dirty_bytes: usize,
 }
@@ -104,6 +114,7 @@ impl Buddy {
             nonempty: [0; 2],
             top: MIN_ORDER,
             frontier: 0,
+            hole_pages: 0,
             free_bytes: 0,
             dirty_bytes: 0,
         }
@@ -195,14 +206,43 @@ impl Buddy {
         }
     }
 
+    /// Adds a new block of `order` at page `idx` (freshly committed, hence clean), merged with the
+    /// clean free blocks below it.
+    ///
+    /// # Safety
+    /// - `idx == frontier`, `idx` is aligned to the block's size, `MIN_ORDER <= order <= top`, and the
+    ///   page map given to [`Buddy::init`] covers the new block's pages.
+    pub unsafe fn add_block(&mut self, idx: u32, order: u32) {
+        debug_assert!(idx == self.frontier && idx % pages(order) == 0 && order <= self.top);
+        self.frontier = idx + pages(order);
+        // SAFETY: the block's pages are now below the frontier, aligned, and belong to nobody: giving
+        // them to the free lists is what `free` does with a block its caller gives up.
+        unsafe { self.free(idx, order, 0) };
+    }
+
     /// Adds a new top-order block at page `idx` (freshly committed, hence clean).
     ///
     /// # Safety
-    /// - `idx == frontier`, and the page map given to [`Buddy::init`] covers the new block's pages.
+    /// - as [`Buddy::add_block`] with `order == top`.
     pub unsafe fn add_top(&mut self, idx: u32) {
-        debug_assert!(idx == self.frontier);
-        self.frontier = idx + pages(self.top);
-        self.push(idx, self.top, 0);
+        // SAFETY: the caller's contract.
+        unsafe { self.add_block(idx, self.top) };
+    }
+
+    /// Skips `n` pages at the frontier that are not the heap's (a hole, see [`PageKind::Outside`]).
+    ///
+    /// # Safety
+    /// - `idx == frontier`, and the page map given to [`Buddy::init`] covers `idx .. idx + n`.
+    pub unsafe fn add_hole(&mut self, idx: u32, n: u32) {
+        debug_assert!(idx == self.frontier && n > 0);
+        for i in idx..idx + n {
+            // SAFETY: i is inside the map (caller's contract).
+            let e = unsafe { self.entry_mut(i) };
+            e.kind = PageKind::Outside;
+            e.next = n - (i - idx);
+        }
+        self.frontier = idx + n;
+        self.hole_pages += n;
     }
 
     /// Smallest order `>= order` whose list `l` is not empty.
@@ -212,13 +252,14 @@ impl Buddy {
         (above != 0 && o <= self.top).then_some(o)
     }
 
-    /// Takes a block of `order` and marks its head `kind`. Returns its page index and whether it may be
-    /// dirty, or `None` when no free block is large enough (the caller then grows the region).
+    /// Takes a block of `order` and marks its head `kind`. Returns its page index and its flags
+    /// (`DIRTY`: may be resident; `USED`: may read non-zero), or `None` when no free block is large
+    /// enough (the caller then grows the region).
     ///
     /// Resident memory comes first: the smallest dirty block that fits, split if larger, and only
     /// when there is none the smallest clean one. Reusing a dirty block costs no page faults and adds
     /// nothing to the resident set.
-    pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, bool)> {
+    pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, u8)> {
         let (l, mut o) = match self.smallest(1, order) {
             Some(o) => (1, o),
             None => (0, self.smallest(0, order)?),
@@ -232,7 +273,7 @@ impl Buddy {
             self.push(idx + pages(o), o, flags);
         }
         self.set_head(idx, kind, order, 0);
-        Some((idx, flags & DIRTY != 0))
+        Some((idx, flags))
     }
 
     /// Releases the allocated block at `idx` of `order` and merges it with free buddies. Returns the
@@ -242,7 +283,10 @@ impl Buddy {
     /// - Pages `idx .. idx + 2^(order - MIN_ORDER)` are below `frontier`, aligned to their size, and
     ///   allocated (a block, or part of a run) to the caller, who gives them up. (Freeing pages that
     ///   are already free would put them on two lists and hand them out twice.)
-    pub unsafe fn free(&mut self, mut idx: u32, mut order: u32, flags: u8) -> (u32, u32) {
+    pub unsafe fn free(&mut self, mut idx: u32, mut order: u32, mut flags: u8) -> (u32, u32) {
+        if flags & DIRTY != 0 {
+            flags |= USED;
+        }
         // If the block merges with a buddy below it, its head becomes an interior page: clear its kind
         // now so that no stale `LARGE`/`SLAB` entry is left for a later (invalid) free to find.
         // SAFETY: idx is an allocated head below frontier (caller's contract).
@@ -260,6 +304,7 @@ impl Buddy {
                 break;
             }
             self.unlink(b);
+            flags |= e.flags & USED;
             idx = idx.min(b);
             order += 1;
         }
@@ -294,21 +339,48 @@ impl Buddy {
     /// Allocates a run of exactly `n` pages whose first page is aligned to `2^align_order` bytes, and
     /// marks its head `LARGE` with `next = n`. The smallest block holding the run is taken (dirty
     /// first, see [`Buddy::alloc`]) and the pages beyond the run go straight back as free blocks, so a
-    /// 40 MiB request holds 40 MiB, not 64. Returns the head and whether the run may be dirty.
-    pub fn alloc_run(&mut self, n: u32, align_order: u32) -> Option<(u32, bool)> {
+    /// 40 MiB request holds 40 MiB, not 64. Returns the head and the run's flags (as [`Buddy::alloc`]).
+    pub fn alloc_run(&mut self, n: u32, align_order: u32) -> Option<(u32, u8)> {
         debug_assert!(n >= 1);
         let order = (u32::BITS - (n - 1).leading_zeros() + MIN_ORDER).max(align_order);
         if order > self.top {
             return None;
         }
-        let (idx, dirty) = self.alloc(order, PageKind::Large)?;
-        if n < pages(order) {
-            // SAFETY: the tail of the block just allocated to us, below frontier.
-            unsafe { self.release_range(idx + n, idx + pages(order), if dirty { DIRTY } else { 0 }) };
+        let (idx, mut flags) = self.alloc(order, PageKind::Large)?;
+        let mut lo = idx;
+        if align_order == MIN_ORDER && n < pages(order) {
+            // Slide the run down over the free blocks in the same state that end right below the
+            // block (the tails earlier runs gave back; at most one block's worth): runs of one odd
+            // size then pack end to end instead of each stranding a tail too small for the next
+            // (25-page runs kept 25 of every 32 pages before). Where the run fits below, the block
+            // goes back whole.
+            while lo > 0 {
+                let Some((h, o)) = self.free_block_at(lo - 1) else { break };
+                debug_assert_eq!(h + pages(o), lo);
+                // SAFETY: h is a free head below frontier.
+                let f = unsafe { self.entry(h).flags };
+                if idx - h > pages(order) || (f ^ flags) & DIRTY != 0 {
+                    break;
+                }
+                self.unlink(h);
+                flags |= f & USED;
+                lo = h;
+            }
         }
-        // SAFETY: idx is the head just allocated, below frontier.
-        unsafe { self.entry_mut(idx).next = n };
-        Some((idx, dirty))
+        // SAFETY: `lo..idx` were free blocks unlinked above, now ours; `idx` heads the block just
+        // allocated. The run `[lo, lo + n)` ends inside `[lo, idx + pages(order))` (`n <= pages(order)`),
+        // and the pages beyond it are ours to give back. All below frontier.
+        unsafe {
+            if lo != idx {
+                self.entry_mut(idx).kind = PageKind::Interior;
+                self.set_head(lo, PageKind::Large, order, 0);
+            }
+            if lo + n < idx + pages(order) {
+                self.release_range(lo + n, idx + pages(order), flags);
+            }
+            self.entry_mut(lo).next = n;
+        }
+        Some((lo, flags))
     }
 
     /// Number of pages of the allocated run whose head is `idx`.
@@ -485,6 +557,10 @@ impl Buddy {
             // SAFETY: idx < frontier.
             let e = unsafe { self.entry(idx) };
             if !matches!(e.kind, PageKind::Free | PageKind::Large | PageKind::Slab | PageKind::Meta | PageKind::Arena) {
+                if e.kind == PageKind::Outside && e.next > 0 && e.next <= self.frontier - idx {
+                    idx += e.next;
+                    continue;
+                }
                 return Err("page inside the frontier is not covered by a block head");
             }
             if e.kind == PageKind::Large {
@@ -557,8 +633,8 @@ mod tests {
             let total = b.free_bytes;
             let mut got = vec![];
             for o in [12, 13, 12, 15, 20, 14] {
-                let (idx, dirty) = b.alloc(o, META).unwrap();
-                assert!(!dirty);
+                let (idx, flags) = b.alloc(o, META).unwrap();
+                assert_eq!(flags, 0, "fresh memory is neither dirty nor used");
                 assert_eq!(idx % pages(o), 0);
                 got.push((idx, o));
                 b.check().unwrap();
@@ -596,8 +672,8 @@ mod tests {
             // Dirty blocks do not merge with clean buddies: exactly the freed bytes are dirty.
             assert_eq!(b.dirty_bytes, (256 + 64) << 10);
             // A 4 KiB request is carved from dirty memory although clean blocks are free.
-            let (p, dirty) = b.alloc(12, META).unwrap();
-            assert!(dirty);
+            let (p, flags) = b.alloc(12, META).unwrap();
+            assert_eq!(flags, DIRTY | USED);
             free(b, p, 12, DIRTY);
             // Purging 4 KiB takes the smallest dirty block, in one call.
             let mut calls = vec![];
@@ -609,8 +685,8 @@ mod tests {
             assert_eq!(cleaned, 64 << 10);
             b.check().unwrap();
             // Once clean, the block merges with its clean buddies.
-            let (q, dirty) = b.alloc(19, META).unwrap();
-            assert!(!dirty);
+            let (q, flags) = b.alloc(19, META).unwrap();
+            assert_eq!(flags & DIRTY, 0);
             free(b, q, 19, 0);
             b.check().unwrap();
             // A refused purge leaves the block dirty and stops.
@@ -741,6 +817,82 @@ mod tests {
             }
             b.check().unwrap();
             assert_eq!(b.free_bytes, 4 << 20);
+        });
+    }
+
+    #[test]
+    fn runs_of_one_odd_size_pack_end_to_end() {
+        // 25-page runs, one after another, in a 256-page heap: before the runs slid over earlier
+        // tails, each kept 7 of every 32 pages stranded (8 runs fitted, 56 pages lost).
+        with_buddy(20, 1, |b| {
+            let mut heads = vec![];
+            while let Some((idx, _)) = b.alloc_run(25, MIN_ORDER) {
+                heads.push(idx);
+                b.check().unwrap();
+            }
+            // The tenth would fit the 31 pages left, but a run needs a free block of 32 to start from.
+            assert_eq!(heads.len(), 9, "heads {heads:?}");
+            for w in heads.windows(2) {
+                assert_eq!(w[1], w[0] + 25, "heads {heads:?}");
+            }
+            assert_eq!(b.free_bytes, (256 - 9 * 25) as usize * PAGE);
+            for h in heads {
+                free_run(b, h);
+            }
+            b.check().unwrap();
+        });
+    }
+
+    #[test]
+    fn holes_are_skipped_and_never_handed_out() {
+        let n = 4 * pages(16) as usize;
+        let mut map = vec![PageEntry { kind: NONE, order: 0, flags: 0, load: 0, prev: 0, next: 0 }; n];
+        let mut b = Buddy::empty();
+        // SAFETY: the vector is zeroed and covers four 64 KiB pieces; it outlives `b` in this test. The
+        // pieces and the hole are added at the frontier, each once.
+        unsafe {
+            b.init(map.as_mut_ptr(), 17);
+            b.add_block(0, 16);
+            b.add_hole(pages(16), pages(16));
+            b.add_block(2 * pages(16), 16);
+            b.add_block(3 * pages(16), 16);
+        }
+        b.check().unwrap();
+        assert_eq!(b.hole_pages, pages(16));
+        assert_eq!(b.free_bytes, 3 << 16);
+        // The pieces above the hole merged into one 128 KiB block; the one below stays alone.
+        let (big, _) = b.alloc(17, META).unwrap();
+        assert_eq!(big, 2 * pages(16));
+        let (small, _) = b.alloc(16, META).unwrap();
+        assert_eq!(small, 0);
+        assert!(b.alloc(MIN_ORDER, META).is_none(), "a page of the hole was handed out");
+        b.check().unwrap();
+        free(&mut b, small, 16, 0);
+        free(&mut b, big, 17, 0);
+        b.check().unwrap();
+        drop(map);
+    }
+
+    #[test]
+    fn only_memory_never_handed_out_is_known_zero() {
+        with_buddy(16, 2, |b| {
+            // Fresh memory: neither dirty nor used.
+            let (a, flags) = b.alloc(15, META).unwrap();
+            assert_eq!(flags, 0);
+            // Freed (dirty), then purged: clean but used, also once merged with its fresh buddy.
+            free(b, a, 15, DIRTY);
+            assert_eq!(b.purge(usize::MAX, |_, _| true), 32 << 10);
+            b.check().unwrap();
+            let (x, fx) = b.alloc(16, META).unwrap();
+            let (y, fy) = b.alloc(16, META).unwrap();
+            let used = if x == a & !(pages(16) - 1) { (fx, fy) } else { (fy, fx) };
+            assert_eq!(used, (USED, 0), "the block holding the purged one is used, the other fresh");
+            // Halves of a used block are used.
+            free(b, x, 16, USED);
+            free(b, y, 16, USED);
+            let (_, f) = b.alloc(15, META).unwrap();
+            assert_eq!(f, USED);
+            b.check().unwrap();
         });
     }
 }

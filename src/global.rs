@@ -9,6 +9,7 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::Ordering;
 
+use crate::buddy;
 use crate::cache;
 use crate::direct;
 use crate::heap;
@@ -84,9 +85,10 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
     if size <= max && align <= max {
         let load = cache::current_is_load();
         return match heap::alloc_large(size, align, load) {
-            Some((p, dirty, bytes)) => {
+            Some((p, flags, bytes)) => {
                 stats::add(&COUNTERS.large_allocs, 1);
-                if load && prefault && !zeroed && !dirty && bytes >= PREFAULT_MIN && heap::load_prefault() {
+                let resident = flags & buddy::DIRTY != 0;
+                if load && prefault && !zeroed && !resident && bytes >= PREFAULT_MIN && heap::load_prefault() {
                     // SAFETY: a fresh, page-aligned, read-write run of `bytes` that this call owns.
                     unsafe { os::populate(p, bytes) };
                 }
@@ -94,7 +96,9 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
                     phase::LOAD_LARGE_ALLOCS.fetch_add(1, Ordering::Relaxed);
                     stats::add(&phase::LOAD_LARGE_LIVE, bytes);
                 }
-                if zeroed && dirty {
+                // Purged pages read zero unless the program wrote to them after freeing them: only
+                // pages never handed out are trusted to be zero.
+                if zeroed && flags & (buddy::DIRTY | buddy::USED) != 0 {
                     // SAFETY: the block holds at least `size` bytes.
                     unsafe { core::ptr::write_bytes(p, 0, size) };
                 }

@@ -32,7 +32,7 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
-use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER};
+use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER, USED};
 use crate::init;
 use crate::options::{self, Values};
 use crate::os::{self, PAGE};
@@ -68,7 +68,8 @@ static LOAD_PREFAULT: AtomicBool = AtomicBool::new(false);
 
 /// The heap's state behind its lock.
 ///
-/// Invariants: `buddy` covers the committed pages `[base, base + frontier * PAGE)` of the region;
+/// Invariants: `buddy` covers the pages `[base, base + frontier * PAGE)` of the region, which are
+/// committed except its holes (a lazy region's pieces that something else had mapped);
 /// `peak >= os_bytes()` since the last [`reset_peak`]; `over_since` is 0 exactly when the dirty free
 /// bytes were within the threshold at the last decay check.
 struct Inner {
@@ -82,6 +83,8 @@ struct Inner {
     over_since: u64,
     limit: usize,
     peak: usize,
+    /// The region is a lazy window (see `init::start`).
+    lazy: bool,
 }
 
 /// The buddy heap's state; its lock is `sync::HEAP`.
@@ -99,6 +102,7 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     over_since: 0,
     limit: 0,
     peak: 0,
+    lazy: false,
 }));
 
 /// Runs `f` with the heap locked.
@@ -154,6 +158,7 @@ fn init_slow() -> bool {
         h.load_retain = st.opts.get(options::LOAD_RETAIN) as usize;
         h.purge_delay = st.opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
         h.limit = st.opts.get(options::LIMIT) as usize;
+        h.lazy = st.lazy;
         init::open_startup_phase(&st.opts);
         MAX_BLOCK.store(1 << top, Ordering::Relaxed);
         LOAD_PREFAULT.store(st.opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
@@ -226,7 +231,7 @@ fn index_of(p: usize) -> u32 {
 
 impl Inner {
     fn os_bytes(&self) -> usize {
-        let committed = (self.buddy.frontier as usize) * PAGE;
+        let committed = ((self.buddy.frontier - self.buddy.hole_pages) as usize) * PAGE;
         committed - self.buddy.free_bytes + self.buddy.dirty_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
     }
 
@@ -237,21 +242,45 @@ impl Inner {
         }
     }
 
-    /// Grows the committed part of the region by one top block.
+    /// Grows the committed part of the region: by one top block of a reserved region, or by one
+    /// piece of a lazy one (see `init::start`), skipping pieces something else has mapped.
     fn grow(&mut self) -> bool {
-        let top_pages = 1u32 << (self.buddy.top - MIN_ORDER);
-        let idx = self.buddy.frontier;
         let span_pages = REGION.span.load(Ordering::Relaxed) / PAGE;
-        if idx as usize + top_pages as usize > span_pages {
-            return false;
+        if !self.lazy {
+            let top_pages = 1u32 << (self.buddy.top - MIN_ORDER);
+            let idx = self.buddy.frontier;
+            if idx as usize + top_pages as usize > span_pages {
+                return false;
+            }
+            // SAFETY: the range is inside the reservation and page aligned.
+            if !unsafe { os::commit(addr_of(idx) as *mut u8, (top_pages as usize) * PAGE) } {
+                return false;
+            }
+            // SAFETY: idx is the frontier, top aligned, and the page map covers the whole region.
+            unsafe { self.buddy.add_top(idx) };
+            return true;
         }
-        // SAFETY: the range is inside the reservation and page aligned.
-        if !unsafe { os::commit(addr_of(idx) as *mut u8, (top_pages as usize) * PAGE) } {
-            return false;
+        let order = self.buddy.top.min(init::LAZY_UNIT.trailing_zeros());
+        let n = 1u32 << (order - MIN_ORDER);
+        loop {
+            let idx = self.buddy.frontier;
+            if idx as usize + n as usize > span_pages {
+                return false;
+            }
+            // SAFETY: the piece is page aligned, inside the window, beyond the frontier: nothing of
+            // ours is there.
+            match unsafe { os::map_at(addr_of(idx) as *mut u8, n as usize * PAGE) } {
+                // SAFETY: idx is the frontier, aligned to the piece (every piece and hole has the
+                // same size), and the page map covers the window.
+                Ok(()) => unsafe {
+                    self.buddy.add_block(idx, order);
+                    return true;
+                },
+                // SAFETY: as above.
+                Err(os::MapAt::Taken) => unsafe { self.buddy.add_hole(idx, n) },
+                Err(os::MapAt::Refused) => return false,
+            }
         }
-        // SAFETY: idx is the frontier, and the page map covers the whole region (checked above).
-        unsafe { self.buddy.add_top(idx) };
-        true
     }
 
     fn purge_block(&mut self, idx: u32, order: u32) -> bool {
@@ -320,7 +349,7 @@ impl Inner {
 
     /// Allocates a block of `order` marked `kind` or, for `kind == Large`, a run of `run` pages
     /// aligned to `order`; grows the region and honours the budget.
-    fn alloc(&mut self, order: u32, kind: PageKind, run: u32) -> Option<(u32, bool)> {
+    fn alloc(&mut self, order: u32, kind: PageKind, run: u32) -> Option<(u32, u8)> {
         let mut purged = false;
         let large = kind == PageKind::Large;
         let bytes = if large { run as usize * PAGE } else { 1usize << order };
@@ -342,16 +371,15 @@ impl Inner {
                     None
                 }
             };
-            let Some((idx, dirty)) = got else {
+            let Some((idx, flags)) = got else {
                 stats::add(&COUNTERS.oom_refusals, 1);
                 return None;
             };
-            if !dirty {
+            if flags & DIRTY == 0 {
                 self.make_room(bytes);
             }
             if self.limit != 0 && self.os_bytes() > self.limit {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
-                let flags = if dirty { DIRTY } else { 0 };
                 // SAFETY: the block or run was just allocated above and nobody else knows it.
                 unsafe {
                     if large {
@@ -370,7 +398,7 @@ impl Inner {
             }
             self.note_peak();
             self.decay();
-            return Some((idx, dirty));
+            return Some((idx, flags));
         }
     }
 
@@ -416,7 +444,7 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
         if order > h.buddy.top {
             return None;
         }
-        let (idx, dirty) = h.alloc(order, kind, 0)?;
+        let (idx, flags) = h.alloc(order, kind, 0)?;
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
@@ -429,14 +457,15 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
                 }
             }
         }
-        Some((addr_of(idx) as *mut u8, dirty))
+        Some((addr_of(idx) as *mut u8, flags & (DIRTY | USED) != 0))
     })
 }
 
 /// Allocates a large block: a run of whole pages holding `size` bytes at alignment `align` (both at
-/// most [`max_block`]); `load` records that a load phase allocated it. Returns the address, whether
-/// the memory may be dirty, and the run's size.
-pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, bool, usize)> {
+/// most [`max_block`]); `load` records that a load phase allocated it. Returns the address, the
+/// run's flags (`buddy::DIRTY`: may be resident; `buddy::USED`: may read non-zero; neither: fresh
+/// pages, known zero and not resident), and the run's size.
+pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8, usize)> {
     if !ensure_init() {
         return None;
     }
@@ -446,10 +475,10 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, bo
         if run as usize > (1usize << (h.buddy.top - MIN_ORDER)) || order > h.buddy.top {
             return None;
         }
-        let (idx, dirty) = h.alloc(order, PageKind::Large, run)?;
+        let (idx, flags) = h.alloc(order, PageKind::Large, run)?;
         // SAFETY: idx is the head just allocated.
         unsafe { h.buddy.entry_mut(idx).load = u8::from(load) };
-        Some((addr_of(idx) as *mut u8, dirty, run as usize * PAGE))
+        Some((addr_of(idx) as *mut u8, flags, run as usize * PAGE))
     })
 }
 
@@ -572,7 +601,7 @@ pub fn stats() -> Stats {
     with_heap(|h| {
         s.os_bytes = h.os_bytes();
         s.peak_os_bytes = h.peak;
-        s.committed_bytes = (h.buddy.frontier as usize) * PAGE;
+        s.committed_bytes = ((h.buddy.frontier - h.buddy.hole_pages) as usize) * PAGE;
         s.free_bytes = h.buddy.free_bytes;
         s.dirty_free_bytes = h.buddy.dirty_bytes;
         s.limit_bytes = h.limit;

@@ -19,11 +19,14 @@ static FREED_SEED: u8 = 0;
 /// What [`start`] set up: the options in effect and the heap's region.
 pub struct Started {
     pub opts: Values,
-    /// The region `[base, base + span)`, aligned to the top block size, reserved without access.
+    /// The region `[base, base + span)`, aligned to the top block size: reserved without access, or,
+    /// when `lazy`, a window of address space nothing else uses yet.
     pub base: usize,
     pub span: usize,
     /// A zeroed page map with one entry per page of the region.
     pub map: *mut PageEntry,
+    /// The region is a window claimed piece by piece ([`LAZY_UNIT`]), not a reservation.
+    pub lazy: bool,
 }
 
 /// The options from the environment. A bad value is reported on stderr with the reason, and its
@@ -53,14 +56,50 @@ pub fn read_options() -> Values {
     opts
 }
 
-/// Reads the options and reserves the region and its page map. `None` when no address space is left
+/// Size of the pieces a lazy region is claimed in (or the top block, if smaller).
+pub const LAZY_UNIT: usize = 2 << 20;
+
+/// Reads the options and sets up the region and its page map. `None` when no address space is left
 /// (the allocator then returns null for everything). Allocation-free.
+///
+/// Without an address-space limit the whole region is reserved at once (halved until the OS grants
+/// it). Under a limit (`ulimit -v`), address space reserved and unused would count against it, so the
+/// region is *lazy*: a window of at most the limit is chosen far below where the kernel places
+/// mappings, nothing is reserved, and the heap maps it in [`LAZY_UNIT`] pieces as it grows (see
+/// `heap`). The page map covers the window and is only as large as the window needs.
 pub fn start() -> Option<Started> {
     // Before any slot can be freed: the mark must not be guessable from the program's own data.
     slab::set_freed_mark(os::startup_random() ^ (&raw const FREED_SEED as u64).rotate_left(29));
     let opts = read_options();
     let top_size = opts.get(options::MAX_BLOCK) as usize;
-    let mut span = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);
+    let want = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);
+    let limit = os::address_limit();
+    let (base, span, lazy) = match limit {
+        None => match reserve_whole(want, top_size) {
+            Some((base, span)) => (base, span, false),
+            None => (lazy_window(want, top_size)?, want, true),
+        },
+        Some(l) => {
+            let span = want.min(l.div_ceil(top_size).max(1) * top_size);
+            (lazy_window(span, top_size)?, span, true)
+        }
+    };
+    let npages = span / PAGE;
+    let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
+    let map = os::map(map_bytes) as *mut PageEntry;
+    if map.is_null() {
+        if !lazy {
+            // SAFETY: the region was reserved above and is not published.
+            unsafe { os::unmap(base as *mut u8, span) };
+        }
+        return None;
+    }
+    Some(Started { opts, base, span, map, lazy })
+}
+
+/// Reserves `span` bytes (halved until the OS grants them, down to one top block) aligned to
+/// `top_size`. Returns the region's base and span.
+fn reserve_whole(mut span: usize, top_size: usize) -> Option<(usize, usize)> {
     let mut raw;
     loop {
         raw = os::reserve(span + top_size);
@@ -84,15 +123,17 @@ pub fn start() -> Option<Started> {
             os::unmap((base + span) as *mut u8, tail);
         }
     }
-    let npages = span / PAGE;
-    let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
-    let map = os::map(map_bytes) as *mut PageEntry;
-    if map.is_null() {
-        // SAFETY: the region was reserved above and is not published.
-        unsafe { os::unmap(base as *mut u8, span) };
-        return None;
-    }
-    Some(Started { opts, base, span, map })
+    Some((base, span))
+}
+
+/// The base of a lazy window of `span` bytes, aligned to `top_size`: it ends halfway between address
+/// zero and where the kernel places mappings now. The kernel places new mappings top down from there,
+/// so it would reach the window only after mapping about as much as half the address space; the
+/// program's own image and `brk` heap lie near the bottom (the window is checked to stay above 4 GiB).
+fn lazy_window(span: usize, top_size: usize) -> Option<usize> {
+    let probe = os::probe_address();
+    let base = (probe / 2).checked_sub(span)? & !(top_size - 1);
+    (base >= 1 << 32).then_some(base)
 }
 
 /// Opens the process-wide load phase at start-up if `EDGEPOOL_LOAD_PHASE` asks for it, and arms its

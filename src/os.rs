@@ -113,6 +113,70 @@ pub fn map_owned(len: usize) -> *mut u8 {
     mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE, 0)
 }
 
+/// The process's address-space limit (`RLIMIT_AS`, `ulimit -v`) in bytes, or `None` when unlimited.
+pub fn address_limit() -> Option<usize> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid out-parameter; getrlimit writes nothing else. errno is preserved.
+    let ok = unsafe {
+        let e = errno();
+        let ok = libc::getrlimit(libc::RLIMIT_AS, &mut r) == 0;
+        set_errno(e);
+        ok
+    };
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as usize)
+}
+
+/// Where the kernel places a new mapping now (a one-page mapping made and unmapped at once), or 0.
+pub fn probe_address() -> usize {
+    let p = mmap_anon(PAGE, libc::PROT_NONE, libc::MAP_NORESERVE);
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: the page was mapped just above and holds nothing.
+    unsafe { unmap(p, PAGE) };
+    p as usize
+}
+
+/// Why [`map_at`] did not map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapAt {
+    /// Something is already mapped in the range: the caller may try elsewhere.
+    Taken,
+    /// The OS refused (the address-space limit, the overcommit policy, or a kernel without
+    /// `MAP_FIXED_NOREPLACE`).
+    Refused,
+}
+
+/// Maps `len` fresh, zeroed, read-write bytes that the program will own exactly at `p`, never over an
+/// existing mapping (`MAP_FIXED_NOREPLACE`). errno is left alone when the range is only taken.
+///
+/// # Safety
+/// - `p` and `len` are page aligned, and nothing of ours expects `[p, p+len)` to stay unmapped.
+pub unsafe fn map_at(p: *mut u8, len: usize) -> Result<(), MapAt> {
+    if !granted() {
+        return Err(MapAt::Refused);
+    }
+    let e = errno();
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping: it fails with EEXIST instead.
+    let q = unsafe { libc::mmap(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+    if q == libc::MAP_FAILED {
+        if errno() == libc::EEXIST {
+            set_errno(e);
+            return Err(MapAt::Taken);
+        }
+        return Err(MapAt::Refused);
+    }
+    if q.cast::<u8>() != p {
+        // A kernel older than 4.17 takes the flag for a hint and maps elsewhere: give it back.
+        // SAFETY: the mapping was made just above and holds nothing.
+        unsafe { unmap(q.cast(), len) };
+        set_errno(libc::ENOMEM);
+        return Err(MapAt::Refused);
+    }
+    Ok(())
+}
+
 /// Makes `[p, p+len)` of a reservation readable and writable. Pages read as zero until written.
 ///
 /// # Safety

@@ -2,7 +2,8 @@
 //!
 //! - inside the heap region, the page map says `Slab` (the slab starts at `p` rounded down to 64 KiB),
 //!   `Arena` (the chunk starts at `p` rounded down to 1 MiB) or `Large` (a block starting exactly at
-//!   `p`); anything else is not a live block;
+//!   `p`); anything else is not a live block, except a hole of a lazy region (`Outside`), which is
+//!   looked at as if outside the region;
 //! - outside the region, a direct mapping if the direct table knows it; otherwise not ours.
 
 use crate::arena::{Chunk, CHUNK_SIZE};
@@ -36,6 +37,8 @@ pub fn in_heap(p: *mut u8) -> Option<Owner> {
         PageKind::Slab => Owner::Slab((a & !(SLAB_SIZE - 1)) as *mut Slab),
         PageKind::Arena => Owner::Arena((a & !(CHUNK_SIZE - 1)) as *mut Chunk),
         PageKind::Large if a & (PAGE - 1) == 0 => Owner::Large,
+        // A hole of a lazy region: another mapping, maybe a direct one of ours.
+        PageKind::Outside => return None,
         _ => Owner::Unknown,
     })
 }

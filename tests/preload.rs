@@ -152,6 +152,80 @@ fn start_up_under_an_address_space_limit_leaves_errno_alone() {
     assert_eq!(stdout.trim(), "malloc ok errno=0");
 }
 
+/// Runs `args` under `ulimit -v kb`, on glibc or on edgepool, and returns its stdout.
+fn under_limit(kb: u64, preload: bool, args: &[&str]) -> String {
+    let script = format!("ulimit -v {kb} && exec \"$@\"");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script, "sh"]).args(args);
+    let out = run_with(&mut cmd, preload, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?} at {kb} KB (preload {preload}): {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn address_space_limits_serve_about_what_glibc_serves() {
+    // Under RLIMIT_AS the heap claims its region piece by piece (init.rs): a process limited to tens
+    // of MB works, and gets about as many blocks as on glibc, at 50 MB, 100 MB and 1 GB.
+    let dir = tmp_dir("as-limit");
+    let exe = dir.join("as_limit");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let exe = exe.to_str().unwrap();
+    let blocks = |s: &str| -> (u64, u64, bool) {
+        let w: Vec<&str> = s.split_whitespace().collect();
+        assert!(w.len() == 6 && w[0] == "blocks" && w[2] == "again", "unexpected output {s:?}");
+        (w[1].parse().unwrap(), w[3].parse().unwrap(), w[5] == "ok")
+    };
+    for kb in [50_000u64, 100_000, 1_000_000] {
+        // 1 MiB blocks, and 100 000-byte ones (runs of 25 pages: they must pack end to end).
+        for (size, share) in [("1048576", 0.9), ("100000", 0.9)] {
+            let (g, _, _) = blocks(&under_limit(kb, false, &[exe, "count", size]));
+            let (e, again, small) = blocks(&under_limit(kb, true, &[exe, "count", size]));
+            eprintln!("{kb} KB, {size}-byte blocks: glibc {g}, edgepool {e} (again {again}, small after: {small})");
+            assert!(e as f64 >= share * g as f64, "{kb} KB, {size} B: edgepool served {e} blocks, glibc {g}");
+            assert!(again as f64 >= 0.95 * e as f64, "{kb} KB, {size} B: {e} blocks, then only {again} after freeing");
+            if size == "1048576" {
+                assert!(small, "{kb} KB: a small malloc failed after the large ones ran out");
+            }
+        }
+    }
+    // Real programs start and run under 50 MB.
+    let ls = under_limit(50_000, true, &["ls", "/"]);
+    assert!(ls.lines().any(|l| l == "usr"), "{ls}");
+    let py = under_limit(50_000, true, &["python3", "-c", "print(sum(len(bytes(i % 4000)) for i in range(100000)))"]);
+    assert_eq!(py.trim(), (0..100_000u64).map(|i| i % 4000).sum::<u64>().to_string());
+}
+
+#[test]
+fn heap_pieces_skip_memory_mapped_by_someone_else() {
+    // The program maps memory where the lazy heap's next pieces would go: the heap must skip it,
+    // never hand it out, and leave its contents alone.
+    let dir = tmp_dir("as-holes");
+    let exe = dir.join("as_limit");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let out = under_limit(400_000, true, &[exe.to_str().unwrap(), "holes"]);
+    let taken: u32 = out.trim().strip_prefix("holes ok ").unwrap_or_else(|| panic!("{out}")).parse().unwrap();
+    assert!(taken > 0, "the test mapped nothing in the heap's way: {out}");
+}
+
+#[test]
+fn calloc_is_zero_after_a_write_after_free_into_purged_memory() {
+    let dir = tmp_dir("uaf-calloc");
+    let exe = dir.join("uaf_calloc");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/uaf_calloc.c"), &exe, &[]);
+    let out = run_with(&mut Command::new(&exe), true, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let reused: u32 =
+        stdout.trim().strip_prefix("uaf-calloc ok ").unwrap_or_else(|| panic!("{stdout}")).parse().unwrap();
+    // The check means something only where calloc got the written block back.
+    assert!(reused >= 1, "calloc never got the written block back: {stdout}");
+}
+
 #[test]
 fn cxx_under_preload() {
     let dir = tmp_dir("cxx");

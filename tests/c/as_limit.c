@@ -1,0 +1,107 @@
+/* Runs under an address-space limit (`ulimit -v`), on glibc and on edgepool.
+ *
+ *   as_limit count SIZE   allocates SIZE-byte blocks, touching every page, until malloc fails; then
+ *                         checks that errno is ENOMEM and that a small malloc still works, frees
+ *                         everything, and checks that the same number of blocks can be had again.
+ *                         Prints "blocks N again M small ok".
+ *   as_limit holes        maps foreign memory where the heap's next pieces would go (a lazy region
+ *                         grows piece by piece, see init.rs), then allocates 64 blocks of 1 MiB:
+ *                         none may overlap the foreign memory, whose contents must survive. Prints
+ *                         "holes ok F" with F the number of pieces it took first. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+static size_t fill(size_t sz, char ***out) {
+    size_t n = 0, cap = 1024;
+    char **v = malloc(cap * sizeof *v);
+    if (!v) return 0;
+    for (;;) {
+        char *p = malloc(sz);
+        if (!p) break;
+        for (size_t i = 0; i < sz; i += 4096) p[i] = (char)n;
+        if (n == cap) {
+            /* Keep the list in a mapping of its own: it must not change what malloc can get. */
+            char **w = mmap(0, 2 * cap * sizeof *v, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (w == MAP_FAILED) { free(p); break; }
+            memcpy(w, v, cap * sizeof *v);
+            if (cap == 1024) free(v); else munmap(v, cap * sizeof *v);
+            v = w;
+            cap *= 2;
+        }
+        v[n++] = p;
+    }
+    *out = v;
+    return n;
+}
+
+static int count(size_t sz) {
+    char **v;
+    size_t n = fill(sz, &v);
+    int e = errno;
+    if (n == 0) { printf("no block at all\n"); return 1; }
+    if (e != ENOMEM) { printf("errno %d, not ENOMEM\n", e); return 1; }
+    void *s = malloc(16);
+    for (size_t i = 0; i < n; i++) {
+        if (v[i][0] != (char)i) { printf("block %zu damaged\n", i); return 1; }
+        free(v[i]);
+    }
+    free(s);
+    char **w;
+    size_t m = fill(sz, &w);
+    printf("blocks %zu again %zu small %s\n", n, m, s ? "ok" : "NULL");
+    return 0;
+}
+
+static int holes(void) {
+    const uintptr_t piece = 2u << 20;
+    char *p = malloc(1 << 20);
+    if (!p) { printf("first malloc failed\n"); return 1; }
+    uintptr_t at = ((uintptr_t)p & ~(piece - 1)) + piece;
+    char *foreign[8];
+    int taken = 0;
+    for (int k = 0; k < 8; k++) {
+        char *q = mmap((void *)(at + (uintptr_t)k * piece), piece, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        foreign[k] = (q == MAP_FAILED || (uintptr_t)q != at + (uintptr_t)k * piece) ? NULL : q;
+        if (foreign[k]) { memset(foreign[k], 0x5a, piece); taken++; }
+        else if (q != MAP_FAILED) munmap(q, piece);
+    }
+    char *b[64];
+    for (int i = 0; i < 64; i++) {
+        b[i] = malloc(1 << 20);
+        if (!b[i]) { printf("malloc %d failed\n", i); return 1; }
+        memset(b[i], i, 1 << 20);
+        for (int k = 0; k < 8; k++) {
+            if (foreign[k] && b[i] + (1 << 20) > foreign[k] && b[i] < foreign[k] + piece) {
+                printf("block %d overlaps foreign piece %d\n", i, k);
+                return 1;
+            }
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        for (uintptr_t j = 0; foreign[k] && j < piece; j += 4096)
+            if (foreign[k][j] != 0x5a) { printf("foreign piece %d damaged\n", k); return 1; }
+    for (int i = 0; i < 64; i++) {
+        if (b[i][12345] != (char)i) { printf("block %d damaged\n", i); return 1; }
+        free(b[i]);
+    }
+    free(p);
+    printf("holes ok %d\n", taken);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "count")) return count(strtoul(argv[2], 0, 0));
+    if (argc == 2 && !strcmp(argv[1], "holes")) return holes();
+    fprintf(stderr, "usage: as_limit count SIZE | as_limit holes\n");
+    return 2;
+}
