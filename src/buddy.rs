@@ -43,6 +43,10 @@ pub const DIRTY: u8 = 1;
 /// non-zero even when clean (a write after free into a purged page faults a page back in with the
 /// written data). Only a block without it is known to read zero. `DIRTY` implies `USED`.
 pub const USED: u8 = 2;
+/// `flags` bit: the free block may hold pages made inaccessible (`PROT_NONE`: a purged block, or a
+/// slab's guard page, under `EDGEPOOL_SECURE`); the heap makes them accessible before handing the
+/// block out.
+pub const SEALED: u8 = 4;
 
 /// One entry per 4 KiB page of the region.
 ///
@@ -304,7 +308,7 @@ impl Buddy {
                 break;
             }
             self.unlink(b);
-            flags |= e.flags & USED;
+            flags |= e.flags & (USED | SEALED);
             idx = idx.min(b);
             order += 1;
         }
@@ -363,7 +367,7 @@ impl Buddy {
                     break;
                 }
                 self.unlink(h);
-                flags |= f & USED;
+                flags |= f & (USED | SEALED);
                 lo = h;
             }
         }
@@ -460,13 +464,14 @@ impl Buddy {
     }
 
     /// Calls `purge(idx, order)` on free dirty blocks, smallest first, until at least `want` bytes
-    /// have been made clean or none is left; where it returns `true` the block moves to the clean
-    /// list. Returns the bytes made clean.
+    /// have been made clean or none is left; where it returns `Some(extra)` the block moves to the
+    /// clean list with the flags `extra` added (`SEALED`), and `None` (the OS refused) stops.
+    /// Returns the bytes made clean.
     ///
     /// Smallest first: a small dirty fragment can serve only small requests, a large dirty block any
     /// request, so the large ones are kept for reuse. Measured on the model-loading benchmark, this
     /// faults in fewer pages than largest first (147k against 152k for tract) at a lower peak.
-    pub fn purge(&mut self, want: usize, mut purge: impl FnMut(u32, u32) -> bool) -> usize {
+    pub fn purge(&mut self, want: usize, mut purge: impl FnMut(u32, u32) -> Option<u8>) -> usize {
         let mut cleaned = 0;
         for h in 0..NORDERS {
             while cleaned < want {
@@ -475,12 +480,12 @@ impl Buddy {
                     break;
                 }
                 let order = h as u32 + MIN_ORDER;
-                if !purge(idx, order) {
+                let Some(extra) = purge(idx, order) else {
                     // The OS refused: leave this order's blocks dirty rather than retry forever.
                     break;
-                }
+                };
                 // SAFETY: idx heads a list of free blocks, so it is a free head below frontier.
-                unsafe { self.mark_clean(idx) };
+                unsafe { self.mark_clean(idx, extra) };
                 cleaned += (pages(order) as usize) * PAGE;
             }
         }
@@ -492,14 +497,14 @@ impl Buddy {
     ///
     /// # Safety
     /// - `idx` is the head of a free block below `frontier` whose pages really read as zero now.
-    unsafe fn mark_clean(&mut self, idx: u32) {
+    unsafe fn mark_clean(&mut self, idx: u32, extra: u8) {
         // SAFETY: idx is a free head below frontier (caller's contract, checked in debug).
         let e = unsafe { self.entry(idx) };
         debug_assert!(e.kind == PageKind::Free);
         if e.flags & DIRTY != 0 {
             self.unlink(idx);
             // SAFETY: unlinked, the block is allocated to us (no list holds it).
-            unsafe { self.free(idx, e.order as u32, e.flags & !DIRTY) };
+            unsafe { self.free(idx, e.order as u32, (e.flags & !DIRTY) | extra) };
         }
     }
 
@@ -647,7 +652,7 @@ mod tests {
             // Exactly the blocks that were handed out are dirty; the rest never was.
             let used: usize = [12, 13, 12, 15, 20, 14].iter().map(|o| 1usize << o).sum();
             assert_eq!(b.dirty_bytes, used);
-            let cleaned = b.purge(usize::MAX, |_, _| true);
+            let cleaned = b.purge(usize::MAX, |_, _| Some(0));
             assert_eq!(cleaned, used);
             assert_eq!(b.dirty_bytes, 0);
             b.check().unwrap();
@@ -679,7 +684,7 @@ mod tests {
             let mut calls = vec![];
             let cleaned = b.purge(4096, |i, o| {
                 calls.push((i, o));
-                true
+                Some(0)
             });
             assert_eq!(calls, vec![(small, 16)]);
             assert_eq!(cleaned, 64 << 10);
@@ -691,7 +696,7 @@ mod tests {
             b.check().unwrap();
             // A refused purge leaves the block dirty and stops.
             let d = b.dirty_bytes;
-            assert_eq!(b.purge(usize::MAX, |_, _| false), 0);
+            assert_eq!(b.purge(usize::MAX, |_, _| None), 0);
             assert_eq!(b.dirty_bytes, d);
             b.check().unwrap();
         });
@@ -742,7 +747,7 @@ mod tests {
             b.check().unwrap();
             assert_eq!(b.free_bytes, total);
             // Purged, everything merges back into the top block.
-            b.purge(usize::MAX, |_, _| true);
+            b.purge(usize::MAX, |_, _| Some(0));
             assert!(b.alloc(18, META).is_some());
         });
     }
@@ -803,7 +808,7 @@ mod tests {
                 }
                 if step % 997 == 0 {
                     let before = b.dirty_bytes;
-                    let cleaned = b.purge(64 << 10, |_, _| true);
+                    let cleaned = b.purge(64 << 10, |_, _| Some(0));
                     assert!(cleaned >= (64 << 10).min(before));
                     assert_eq!(b.dirty_bytes, before - cleaned);
                 }
@@ -881,7 +886,7 @@ mod tests {
             assert_eq!(flags, 0);
             // Freed (dirty), then purged: clean but used, also once merged with its fresh buddy.
             free(b, a, 15, DIRTY);
-            assert_eq!(b.purge(usize::MAX, |_, _| true), 32 << 10);
+            assert_eq!(b.purge(usize::MAX, |_, _| Some(0)), 32 << 10);
             b.check().unwrap();
             let (x, fx) = b.alloc(16, META).unwrap();
             let (y, fy) = b.alloc(16, META).unwrap();

@@ -18,6 +18,7 @@ use crate::owner::{self, Owner};
 use crate::phase;
 use crate::size_class::{class_for, class_of, SMALL_MAX};
 use crate::stats::{self, COUNTERS};
+use crate::valgrind as vg;
 
 /// A slot of `class` from the calling thread's cache: the fast path, else the slow path.
 #[inline(always)]
@@ -42,10 +43,42 @@ fn small_slow(class: usize) -> *mut u8 {
 #[inline(always)]
 pub fn alloc(size: usize, align: usize) -> *mut u8 {
     // One unsigned compare sends 0 and everything beyond SMALL_MAX to the general path.
-    if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
-        return small(class_of(size));
+    let p = if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
+        small(class_of(size))
+    } else {
+        alloc_general(size, align, false)
+    };
+    if vg::active() {
+        vg_handed_out(p, size, false);
     }
-    alloc_general(size, align, false)
+    p
+}
+
+/// Tells valgrind that `p` (if not null) is a block of `size` bytes, its slack beyond them out of
+/// bounds (see `valgrind`).
+#[cold]
+#[inline(never)]
+fn vg_handed_out(p: *mut u8, size: usize, zeroed: bool) {
+    if p.is_null() {
+        return;
+    }
+    vg::malloclike(p, size, zeroed);
+    // SAFETY: `p` is a live block just allocated.
+    let usable = unsafe { usable_size(p) };
+    if usable > size {
+        vg::noaccess(p.wrapping_add(size), usable - size);
+    }
+}
+
+/// Tells valgrind that the block at `p` (not null) is given back; the first 16 bytes of a slab slot
+/// stay the allocator's (its remote-free link and freed mark).
+#[cold]
+#[inline(never)]
+fn vg_given_back(p: *mut u8) {
+    vg::freelike(p);
+    if let Some(Owner::Slab(_)) = owner::in_heap(p) {
+        vg::defined(p, 16);
+    }
 }
 
 /// Allocation of anything but a small request with alignment ≤ 16. With `zeroed`, the memory is zero.
@@ -114,6 +147,15 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
 /// Allocates zeroed memory.
 #[inline]
 pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
+    let p = alloc_zeroed_raw(size, align);
+    if vg::active() {
+        vg_handed_out(p, size, true);
+    }
+    p
+}
+
+#[inline]
+fn alloc_zeroed_raw(size: usize, align: usize) -> *mut u8 {
     if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
         let p = small(class_of(size));
         if !p.is_null() {
@@ -131,6 +173,19 @@ pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 /// - `p` is null or was returned by this allocator and not freed since.
 #[inline(always)]
 pub unsafe fn free(p: *mut u8) {
+    if vg::active() && !p.is_null() {
+        vg_given_back(p);
+    }
+    // SAFETY: forwarded contract.
+    unsafe { free_raw(p) }
+}
+
+/// [`free`] without telling valgrind.
+///
+/// # Safety
+/// - as [`free`].
+#[inline(always)]
+unsafe fn free_raw(p: *mut u8) {
     if let Some(Owner::Slab(s)) = owner::in_heap(p) {
         // SAFETY: the page belongs to a live slab, which starts at the 64 KiB boundary below `p`.
         return unsafe { cache::free_small(p, s) };
@@ -190,6 +245,44 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
 /// # Safety
 /// - `p` is a live block of this allocator, allocated with alignment `align`.
 pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
+    if vg::active() {
+        // SAFETY: forwarded contract.
+        return unsafe { realloc_under_valgrind(p, new_size, align) };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { realloc_raw(p, new_size, align) }
+}
+
+/// [`realloc`] under valgrind: always a new block (as valgrind's own `realloc` does), so that the
+/// old one is reported freed and the new one allocated. The old block's bytes up to its usable size
+/// are marked defined before the copy: its slack is not readable otherwise, and the requested size
+/// is not known here (an uninitialised byte copied over is then no longer reported).
+///
+/// # Safety
+/// - as [`realloc`].
+#[cold]
+#[inline(never)]
+unsafe fn realloc_under_valgrind(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
+    // SAFETY: forwarded contract; aborts on a pointer that is not a live block.
+    let old = unsafe { usable_size(p) };
+    let q = alloc(new_size.max(1), align);
+    if q.is_null() {
+        return q;
+    }
+    vg::defined(p, old);
+    // SAFETY: both blocks are live and distinct; the copy stays inside both.
+    unsafe {
+        core::ptr::copy_nonoverlapping(p, q, old.min(new_size));
+        free(p);
+    }
+    q
+}
+
+/// [`realloc`] without telling valgrind.
+///
+/// # Safety
+/// - as [`realloc`].
+unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
     let new_size = new_size.max(1);
     let old = match owner::owner(p) {
         Owner::Slab(s) => {
@@ -251,7 +344,7 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
     // SAFETY: both blocks are live and distinct; `old` and `new_size` bound what each holds.
     unsafe {
         core::ptr::copy_nonoverlapping(p, q, old.min(new_size));
-        free(p);
+        free_raw(p);
     }
     q
 }

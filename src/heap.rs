@@ -32,11 +32,13 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
-use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER, USED};
+use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER, SEALED, USED};
 use crate::init;
 use crate::options::{self, Values};
 use crate::os::{self, PAGE};
 use crate::phase_state;
+use crate::size_class::{SLAB_META_SHIFT, SLAB_SHIFT};
+use crate::slab::Slab;
 use crate::stats::{self, Stats, COUNTERS};
 use crate::sync;
 
@@ -56,10 +58,16 @@ struct Region {
     base: AtomicUsize,
     span: AtomicUsize,
     map: AtomicPtr<PageEntry>,
+    /// The slab table (see `init::Started::slabs`).
+    slabs: AtomicPtr<u8>,
 }
 
-static REGION: Region =
-    Region { base: AtomicUsize::new(0), span: AtomicUsize::new(0), map: AtomicPtr::new(core::ptr::null_mut()) };
+static REGION: Region = Region {
+    base: AtomicUsize::new(0),
+    span: AtomicUsize::new(0),
+    map: AtomicPtr::new(core::ptr::null_mut()),
+    slabs: AtomicPtr::new(core::ptr::null_mut()),
+};
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Size of the largest buddy block, published by [`ensure_init`] (0 before).
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
@@ -85,6 +93,8 @@ struct Inner {
     peak: usize,
     /// The region is a lazy window (see `init::start`).
     lazy: bool,
+    /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
+    secure: bool,
 }
 
 /// The buddy heap's state; its lock is `sync::HEAP`.
@@ -103,6 +113,7 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     limit: 0,
     peak: 0,
     lazy: false,
+    secure: false,
 }));
 
 /// Runs `f` with the heap locked.
@@ -159,11 +170,13 @@ fn init_slow() -> bool {
         h.purge_delay = st.opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
         h.limit = st.opts.get(options::LIMIT) as usize;
         h.lazy = st.lazy;
+        h.secure = st.opts.get(options::SECURE) != 0;
         init::open_startup_phase(&st.opts);
         MAX_BLOCK.store(1 << top, Ordering::Relaxed);
         LOAD_PREFAULT.store(st.opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
         REGION.base.store(st.base, Ordering::Relaxed);
         REGION.map.store(st.map, Ordering::Relaxed);
+        REGION.slabs.store(st.slabs, Ordering::Relaxed);
         // Release: see `Region`.
         REGION.span.store(st.span, Ordering::Release);
         STATE.store(READY, Ordering::Release);
@@ -196,6 +209,12 @@ pub fn options() -> Values {
 /// while it lives.
 #[inline(always)]
 pub fn page_kind(p: usize) -> Option<PageKind> {
+    page_kind_off(p).map(|(k, _)| k)
+}
+
+/// [`page_kind`], with `p`'s offset in the region (for [`slab_at`]).
+#[inline(always)]
+pub fn page_kind_off(p: usize) -> Option<(PageKind, usize)> {
     // Acquire first: see `Region`.
     let span = REGION.span.load(Ordering::Acquire);
     let off = p.wrapping_sub(REGION.base.load(Ordering::Relaxed));
@@ -204,7 +223,29 @@ pub fn page_kind(p: usize) -> Option<PageKind> {
     }
     // SAFETY: `off < span`, so the entry is inside the page map, which covers the region; every value
     // the map holds is a valid `PageKind` (it starts zeroed, `Interior`, and only kinds are stored).
-    Some(unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind })
+    Some((unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }, off))
+}
+
+/// The header entry of the slab whose block holds the region offset `off` (from [`page_kind_off`]).
+#[inline(always)]
+pub fn slab_at(off: usize) -> *mut Slab {
+    // The table covers every 64 KiB of the region; `off` came from `page_kind_off`, on this thread, so
+    // the table's publication is visible. Only pointer arithmetic here: using the entry is the caller's
+    // business.
+    REGION.slabs.load(Ordering::Relaxed).wrapping_add((off >> SLAB_SHIFT) << SLAB_META_SHIFT).cast()
+}
+
+/// The header entry of the slab whose block holds `p` (out of band: see `slab`). The entry is
+/// meaningful only where the page map says `Slab`.
+///
+/// # Safety
+/// - `p` lies inside the region ([`page_kind`] is `Some` for it, on this thread).
+#[inline(always)]
+pub unsafe fn slab_of(p: *mut u8) -> *mut Slab {
+    let off = p as usize - REGION.base.load(Ordering::Relaxed);
+    // SAFETY: p is in the region, so its 64 KiB index is below span >> SLAB_SHIFT, which the table's
+    // entries cover.
+    unsafe { REGION.slabs.load(Ordering::Relaxed).add((off >> SLAB_SHIFT) << SLAB_META_SHIFT).cast() }
 }
 
 /// The page-map entry of the page holding `p`.
@@ -283,15 +324,19 @@ impl Inner {
         }
     }
 
-    fn purge_block(&mut self, idx: u32, order: u32) -> bool {
+    /// Purges a free block; under `EDGEPOOL_SECURE` also makes it inaccessible (`SEALED`), so that a
+    /// write after free into it faults instead of landing in memory that will be handed out again.
+    fn purge_block(&mut self, idx: u32, order: u32) -> Option<u8> {
         let len = 1usize << order;
+        let p = addr_of(idx) as *mut u8;
         // SAFETY: the block is free (so dead) and inside the committed region.
-        let ok = unsafe { os::purge(addr_of(idx) as *mut u8, len) };
-        if ok {
-            stats::add(&COUNTERS.purges, 1);
-            stats::add(&COUNTERS.purged_bytes, len);
+        if !unsafe { os::purge(p, len) } {
+            return None;
         }
-        ok
+        stats::add(&COUNTERS.purges, 1);
+        stats::add(&COUNTERS.purged_bytes, len);
+        // SAFETY: as above; the block is unsealed before it is handed out (`Inner::alloc`).
+        Some(if self.secure && unsafe { os::protect(p, len, false) } { SEALED } else { 0 })
     }
 
     /// Purges free dirty blocks, smallest first, until at least `want` bytes are clean (or none is
@@ -375,6 +420,20 @@ impl Inner {
                 stats::add(&COUNTERS.oom_refusals, 1);
                 return None;
             };
+            // SAFETY: the block or run was just allocated and nobody else knows it.
+            if flags & SEALED != 0 && !unsafe { os::protect(addr_of(idx) as *mut u8, bytes, true) } {
+                // SAFETY: as above; given back as it was taken.
+                unsafe {
+                    if large {
+                        self.buddy.release_range(idx, idx + run, flags);
+                    } else {
+                        self.buddy.free(idx, order, flags);
+                    }
+                }
+                stats::add(&COUNTERS.oom_refusals, 1);
+                return None;
+            }
+            let flags = flags & !SEALED;
             if flags & DIRTY == 0 {
                 self.make_room(bytes);
             }
@@ -441,10 +500,14 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
         return None;
     }
     with_heap(|h| {
-        if order > h.buddy.top {
+        // Under EDGEPOOL_SECURE a slab takes a block twice its size: the slab, then a guard page
+        // (inaccessible), then pages never touched. An overflow past the slab's last slot faults.
+        let guard = kind == PageKind::Slab && h.secure;
+        let take = order + u32::from(guard);
+        if take > h.buddy.top {
             return None;
         }
-        let (idx, flags) = h.alloc(order, kind, 0)?;
+        let (idx, flags) = h.alloc(take, kind, 0)?;
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
@@ -457,7 +520,17 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
                 }
             }
         }
-        Some((addr_of(idx) as *mut u8, flags & (DIRTY | USED) != 0))
+        let p = addr_of(idx) as *mut u8;
+        if guard {
+            // SAFETY: the page after the slab is inside the block just taken, which nobody uses. A
+            // refusal (too many mappings) leaves the slab without its guard.
+            unsafe { os::protect(p.add(1 << order), PAGE, false) };
+        }
+        if crate::valgrind::active() {
+            // The block may have been a user's, freed (inaccessible to valgrind): now it is ours.
+            crate::valgrind::defined(p, 1 << order);
+        }
+        Some((p, flags & (DIRTY | USED) != 0))
     })
 }
 
@@ -508,8 +581,10 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
                     unsafe { h.buddy.entry_mut(idx + i).kind = PageKind::Interior };
                 }
             }
+            // A secure slab's block holds its guard page, still inaccessible (see `alloc_block`).
+            let sealed = if e.kind == PageKind::Slab && h.secure { SEALED } else { 0 };
             // SAFETY: the caller gives the whole block up.
-            unsafe { h.buddy.free(idx, order, DIRTY) };
+            unsafe { h.buddy.free(idx, order, DIRTY | sealed) };
             1usize << order
         };
         h.decay();
@@ -567,6 +642,17 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         if m < n {
             h.decay();
             return Some(m * PAGE);
+        }
+        // SAFETY: the pages just claimed are the caller's now; under EDGEPOOL_SECURE they may have
+        // been sealed when purged. A refusal gives them back.
+        if h.secure && !unsafe { os::protect(p.add(n * PAGE), (m - n) * PAGE, true) } {
+            // SAFETY: the run's head, owned by the caller, shrunk back to what it was; the pages claimed
+            // go back as they are: maybe inaccessible.
+            unsafe {
+                h.buddy.entry_mut(idx).next = n as u32;
+                h.buddy.release_range(idx + n as u32, idx + m as u32, SEALED | USED);
+            }
+            return None;
         }
         // Clean pages claimed fault in when used: make room as for any clean allocation.
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);

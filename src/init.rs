@@ -10,6 +10,7 @@ use crate::buddy::PageEntry;
 use crate::options::{self, Values};
 use crate::os::{self, PAGE};
 use crate::phase_state::{self, RowSet, Start};
+use crate::size_class::{SLAB_META_SHIFT, SLAB_SHIFT};
 use crate::slab;
 use crate::sync;
 
@@ -25,6 +26,9 @@ pub struct Started {
     pub span: usize,
     /// A zeroed page map with one entry per page of the region.
     pub map: *mut PageEntry,
+    /// The slab table: one `SLAB_META`-byte entry (a slab's header and bitmap) per 64 KiB of the
+    /// region, touched only where slabs are.
+    pub slabs: *mut u8,
     /// The region is a window claimed piece by piece ([`LAZY_UNIT`]), not a reservation.
     pub lazy: bool,
 }
@@ -69,7 +73,8 @@ pub const LAZY_UNIT: usize = 2 << 20;
 /// `heap`). The page map covers the window and is only as large as the window needs.
 pub fn start() -> Option<Started> {
     // Before any slot can be freed: the mark must not be guessable from the program's own data.
-    slab::set_freed_mark(os::startup_random() ^ (&raw const FREED_SEED as u64).rotate_left(29));
+    slab::set_freed_mark(os::startup_random(0) ^ (&raw const FREED_SEED as u64).rotate_left(29));
+    slab::set_link_key(os::startup_random(1) ^ (&raw const FREED_SEED as u64).rotate_left(41));
     let opts = read_options();
     let top_size = opts.get(options::MAX_BLOCK) as usize;
     let want = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);
@@ -87,14 +92,21 @@ pub fn start() -> Option<Started> {
     let npages = span / PAGE;
     let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
     let map = os::map(map_bytes) as *mut PageEntry;
-    if map.is_null() {
-        if !lazy {
-            // SAFETY: the region was reserved above and is not published.
-            unsafe { os::unmap(base as *mut u8, span) };
+    let slabs_bytes = ((span >> SLAB_SHIFT) << SLAB_META_SHIFT).max(PAGE);
+    let slabs = if map.is_null() { core::ptr::null_mut() } else { os::map(slabs_bytes) };
+    if slabs.is_null() {
+        // SAFETY: the region and the page map were mapped above and are not published.
+        unsafe {
+            if !map.is_null() {
+                os::unmap(map.cast(), map_bytes);
+            }
+            if !lazy {
+                os::unmap(base as *mut u8, span);
+            }
         }
         return None;
     }
-    Some(Started { opts, base, span, map, lazy })
+    Some(Started { opts, base, span, map, slabs, lazy })
 }
 
 /// Reserves `span` bytes (halved until the OS grants them, down to one top block) aligned to

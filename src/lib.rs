@@ -17,7 +17,7 @@
 //!
 //! | layer | modules | job |
 //! |---|---|---|
-//! | 0 | os | every call into libc: mappings, purge, futex, environment, stderr, keys, `fork` and exit hooks |
+//! | 0 | os, valgrind | every call into libc: mappings, purge, futex, environment, stderr, keys, `fork` and exit hooks; valgrind client requests |
 //! | 1 | size_class, options | pure arithmetic: class tables, slab geometry, option parsing |
 //! | 2 | sync, stats, phase_state | the lock and the lock order; counters and reports; the phase flags lower layers read |
 //! | 3 | buddy, slab | single-threaded block structures: the buddy free lists over the page map; one slab |
@@ -50,6 +50,7 @@ mod size_class;
 mod slab;
 mod stats;
 mod sync;
+mod valgrind;
 
 pub use global::EdgePool;
 pub use stats::{CounterValues, Stats};

@@ -33,9 +33,10 @@ pub const LOAD_RETAIN: usize = 8;
 pub const LOAD_ARENA: usize = 9;
 pub const PURGE_DELAY: usize = 10;
 pub const LOAD_PREFAULT: usize = 11;
+pub const SECURE: usize = 12;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 12] = [
+pub const OPTIONS: [OptionDef; 13] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -107,6 +108,12 @@ pub const OPTIONS: [OptionDef; 12] = [
         kind: Kind::Bool,
         default: 1,
         description: "inside a load phase, a large block of fresh memory (256 KiB or more; not zeroed requests, not realloc) is faulted in with one call instead of page by page",
+    },
+    OptionDef {
+        name: "SECURE",
+        kind: Kind::Bool,
+        default: 0,
+        description: "hardened mode: a guard page after every slab, and free heap memory made inaccessible when it is purged, until it is handed out again (each costs a mapping: see the README)",
     },
 ];
 

@@ -23,16 +23,17 @@ pub fn os_page_size() -> usize {
     }
 }
 
-/// Eight of the random bytes the kernel gives every process at `exec` (`AT_RANDOM`), or 0 where the
-/// auxiliary vector has none. No system call, no allocation.
-pub fn startup_random() -> u64 {
-    // SAFETY: getauxval only reads the auxiliary vector; AT_RANDOM points at 16 readable bytes.
+/// Eight of the random bytes the kernel gives every process at `exec` (`AT_RANDOM`: word 0 or 1 of
+/// the sixteen), or 0 where the auxiliary vector has none. No system call, no allocation.
+pub fn startup_random(word: usize) -> u64 {
+    // SAFETY: getauxval only reads the auxiliary vector; AT_RANDOM points at 16 readable bytes, and
+    // `word & 1` selects one of their two words.
     unsafe {
         let p = libc::getauxval(libc::AT_RANDOM) as *const u64;
         if p.is_null() {
             0
         } else {
-            p.read_unaligned()
+            p.add(word & 1).read_unaligned()
         }
     }
 }
@@ -187,6 +188,24 @@ pub unsafe fn commit(p: *mut u8, len: usize) -> bool {
     }
     // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
     unsafe { libc::mprotect(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
+}
+
+/// Makes `[p, p+len)` inaccessible (`accessible == false`, `PROT_NONE`) or readable and writable
+/// again. Returns whether the OS did it (it may refuse when the process has too many mappings:
+/// `vm.max_map_count`). errno is preserved.
+///
+/// # Safety
+/// - `p` and `len` are page aligned, and `[p, p+len)` is memory of ours that nobody uses while it is
+///   inaccessible.
+pub unsafe fn protect(p: *mut u8, len: usize, accessible: bool) -> bool {
+    let prot = if accessible { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_NONE };
+    // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
+    unsafe {
+        let e = errno();
+        let ok = libc::mprotect(p.cast(), len, prot) == 0;
+        set_errno(e);
+        ok
+    }
 }
 
 /// Returns the physical pages of `[p, p+len)` to the OS. Returns `true` only when the whole range was

@@ -1,6 +1,7 @@
 //! Pointer → owner: the one place that answers "what is this pointer?".
 //!
-//! - inside the heap region, the page map says `Slab` (the slab starts at `p` rounded down to 64 KiB),
+//! - inside the heap region, the page map says `Slab` (the slab's header is the slab-table entry of
+//!   `p`'s 64 KiB block),
 //!   `Arena` (the chunk starts at `p` rounded down to 1 MiB) or `Large` (a block starting exactly at
 //!   `p`); anything else is not a live block, except a hole of a lazy region (`Outside`), which is
 //!   looked at as if outside the region;
@@ -11,7 +12,6 @@ use crate::buddy::PageKind;
 use crate::direct;
 use crate::heap;
 use crate::os::PAGE;
-use crate::size_class::SLAB_SIZE;
 use crate::slab::Slab;
 
 /// What a pointer is.
@@ -33,8 +33,9 @@ pub enum Owner {
 #[inline(always)]
 pub fn in_heap(p: *mut u8) -> Option<Owner> {
     let a = p as usize;
-    Some(match heap::page_kind(a)? {
-        PageKind::Slab => Owner::Slab((a & !(SLAB_SIZE - 1)) as *mut Slab),
+    let (kind, off) = heap::page_kind_off(a)?;
+    Some(match kind {
+        PageKind::Slab => Owner::Slab(heap::slab_at(off)),
         PageKind::Arena => Owner::Arena((a & !(CHUNK_SIZE - 1)) as *mut Chunk),
         PageKind::Large if a & (PAGE - 1) == 0 => Owner::Large,
         // A hole of a lazy region: another mapping, maybe a direct one of ours.

@@ -288,8 +288,7 @@ pub fn print_report(r: &PhaseReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::size_class::{class_of, SLAB_SIZE};
-    use crate::slab::Slab;
+    use crate::size_class::class_of;
 
     /// A small block from the calling thread's cache (the routing layer is above this one).
     fn alloc(size: usize) -> *mut u8 {
@@ -300,8 +299,9 @@ mod tests {
     /// # Safety
     /// - `p` is a live block from [`alloc`] (a slab slot), freed once.
     unsafe fn free(p: *mut u8) {
-        // SAFETY: forwarded; the slab starts at the 64 KiB boundary below the slot.
-        unsafe { cache::free_small(p, (p as usize & !(SLAB_SIZE - 1)) as *mut Slab) }
+        // SAFETY: forwarded; a slab slot lies inside the heap's region, and its slab's header is the
+        // table entry of its 64 KiB block.
+        unsafe { cache::free_small(p, crate::heap::slab_of(p)) }
     }
 
     // Unit tests share the process with other tests running at the same time, so these use only thread

@@ -14,6 +14,11 @@ pub const SLAB_SHIFT: u32 = 16;
 pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
 /// Bytes of slab header before the bitmap (two cache lines: owner's, then remote-free state).
 pub const SLAB_HEADER: usize = 128;
+/// Slab headers and bitmaps live out of band, in a table beside the page map (see `heap`), one entry
+/// of this many bytes per 64 KiB of the heap's region: an overflow past a slab's last slot reaches
+/// the next slab's first slot, never allocator state.
+pub const SLAB_META_SHIFT: u32 = 10;
+pub const SLAB_META: usize = 1 << SLAB_META_SHIFT;
 
 pub const CLASS_SIZES: [usize; 16] = [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
 pub const NCLASSES: usize = CLASS_SIZES.len();
@@ -28,8 +33,9 @@ pub const fn natural_align(size: usize) -> usize {
     }
 }
 
-/// The geometry of a slab of one class. Invariants: `first` is a multiple of `natural_align(size)`
-/// and at least `SLAB_HEADER + 8 * nwords`; `first + nslots * size <= SLAB_SIZE`;
+/// The geometry of a slab of one class. Invariants: `first` (where slot 0 starts in the slab's block)
+/// is a multiple of `natural_align(size)`; `SLAB_HEADER + 8 * nwords <= SLAB_META` (the header and
+/// bitmap fit their out-of-band entry); `first + nslots * size <= SLAB_SIZE`;
 /// `nwords * 64 >= nslots`; `recip = ceil(2^32 / size)`, which turns the division of any offset below
 /// `SLAB_SIZE` by `size` into an exact multiply and shift.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,12 +48,10 @@ pub struct Geometry {
 }
 
 const fn geometry(size: usize) -> Geometry {
-    let upper = SLAB_SIZE / size;
-    let nwords = upper.div_ceil(64);
-    let align = natural_align(size);
-    let hdr = SLAB_HEADER + 8 * nwords;
-    let first = hdr.div_ceil(align) * align;
+    // The whole block holds slots: the header and bitmap are out of band.
+    let first = 0;
     let nslots = (SLAB_SIZE - first) / size;
+    let nwords = nslots.div_ceil(64);
     let recip = ((1u64 << 32).div_ceil(size as u64)) as u32;
     Geometry { size: size as u32, first: first as u32, nslots: nslots as u32, nwords: nwords as u32, recip }
 }
@@ -84,7 +88,7 @@ const _: () = {
     while i < NCLASSES {
         let g = GEOMETRY[i];
         assert!(g.first as usize % natural_align(g.size as usize) == 0);
-        assert!(g.first as usize >= SLAB_HEADER + 8 * g.nwords as usize);
+        assert!(SLAB_HEADER + 8 * g.nwords as usize <= SLAB_META);
         assert!(g.first as usize + g.nslots as usize * g.size as usize <= SLAB_SIZE);
         assert!(g.nwords as usize * 64 >= g.nslots as usize);
         assert!(g.nslots >= 8);

@@ -1,17 +1,20 @@
-//! A slab: one 64 KiB buddy block holding its header, a bitmap of free slots, and the slots of one
-//! size class. Single-owner: only the owning cache's thread touches the owner line and the bitmap;
-//! other threads only push onto `remote`. The owner is an opaque [`OwnerId`]: this layer never looks
-//! inside the cache that owns it.
+//! A slab: one 64 KiB buddy block holding the slots of one size class, and, out of band, its header
+//! and bitmap of free slots (one `SLAB_META` entry of the heap's slab table, beside the page map: no
+//! overflow of a slot reaches them). Single-owner: only the owning cache's thread touches the owner
+//! line and the bitmap; other threads only push onto `remote`. The owner is an opaque [`OwnerId`]:
+//! this layer never looks inside the cache that owns it. A `*mut Slab` is the address of the header.
 //!
 //! ```text
-//! 0        64          128              first                                     64 KiB
-//! | owner  | shared    | bitmap (u64s)  | slot 0 | slot 1 | ...        | slot n-1 |  (slack) |
+//! header entry:  0        64          128              ≤ 640            SLAB_META
+//!                | owner  | shared    | bitmap (u64s)  |   (unused)     |
+//! data block:    0                                                         64 KiB
+//!                | slot 0 | slot 1 | ...                      | slot n-1 | (slack) |
 //! ```
 
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os;
-use crate::size_class::{slot_index, GEOMETRY, SLAB_HEADER, SLAB_SIZE};
+use crate::size_class::{slot_index, GEOMETRY, SLAB_HEADER, SLAB_META, SLAB_SIZE};
 
 /// `remote` bit: the slab is on (or being pushed onto) its owner's remote queue.
 pub const QUEUED: usize = 1;
@@ -36,6 +39,21 @@ pub fn freed_mark() -> u64 {
 /// Sets the freed mark from `seed` (random bytes), once, before any slot is freed.
 pub fn set_freed_mark(seed: u64) {
     FREED_MARK.store(seed | 1, Ordering::Relaxed);
+}
+
+/// The key of remote-free links (see [`Slab::push_remote`]): random per process, never zero.
+static LINK_KEY: AtomicUsize = AtomicUsize::new(0x9e37_79b9_7f4a_7c15);
+
+/// Sets the link key from `seed` (random bytes), once, before any slot is freed.
+pub fn set_link_key(seed: u64) {
+    LINK_KEY.store(seed as usize | 1, Ordering::Relaxed);
+}
+
+/// What a link stored in slot `p` is XORed with: the key, and `p`'s own address, so that a link
+/// copied from one slot to another does not decode to the same pointer.
+#[inline(always)]
+fn link_mask(p: *mut u8) -> usize {
+    LINK_KEY.load(Ordering::Relaxed) ^ (p as usize).rotate_left(29)
 }
 
 /// The cache that owns a slab, as an opaque address (compared, never dereferenced here).
@@ -66,7 +84,7 @@ pub enum SlabState {
 /// - `state` says where the slab is among the owner's lists (see [`SlabState`]); `next`/`prev` link
 ///   the partial or full list of row `row` that holds it (null otherwise);
 /// - `size`, `first`, `nslots`, `nwords`, `recip`, `class` are the class's [`GEOMETRY`], fixed at
-///   [`Slab::init`]; so is `owner`.
+///   [`Slab::init`]; so are `owner` and `data`, the 64 KiB-aligned block holding the slots.
 #[repr(C, align(64))]
 pub struct Slab {
     pub hint: u32,
@@ -84,6 +102,8 @@ pub struct Slab {
     pub owner: OwnerId,
     pub next: *mut Slab,
     pub prev: *mut Slab,
+    /// The slab's block: slot `i` starts at `data + first + i * size`.
+    pub data: *mut u8,
     /// Remote-free state on its own cache line.
     pub shared: Shared,
 }
@@ -100,27 +120,29 @@ pub struct Shared {
     pub remote_next: AtomicPtr<Slab>,
 }
 
-const _: () = assert!(core::mem::size_of::<Slab>() == SLAB_HEADER);
+const _: () = assert!(core::mem::size_of::<Slab>() == SLAB_HEADER && SLAB_HEADER <= SLAB_META);
 
 impl Slab {
     /// The bitmap: `nwords` words right after the header.
     ///
     /// # Safety
-    /// - `this` is a live slab (inside its 64 KiB block). The words may be read and written only by
-    ///   the owner's thread (or a thread that holds the owner cache exclusively).
+    /// - `this` is a live slab (its header entry). The words may be read and written only by the
+    ///   owner's thread (or a thread that holds the owner cache exclusively).
     #[inline(always)]
     pub unsafe fn bits(this: *mut Slab) -> *mut u64 {
-        // SAFETY: the bitmap follows the 128-byte header inside the same slab block (contract).
+        // SAFETY: the bitmap follows the 128-byte header inside the same header entry (contract).
         unsafe { (this as *mut u8).add(SLAB_HEADER) as *mut u64 }
     }
 
-    /// Lays out a fresh slab of `class` in the block at `this`.
+    /// Lays out a fresh slab of `class` whose slots are the block at `data`, with its header and
+    /// bitmap at `this`.
     ///
     /// # Safety
-    /// - `this` is a 64 KiB-aligned, writable block of `SLAB_SIZE` bytes owned by the caller.
-    pub unsafe fn init(this: *mut Slab, class: usize, row: u16, owner: OwnerId) {
+    /// - `this` is a 64-aligned, writable header entry of `SLAB_META` bytes owned by the caller;
+    /// - `data` is a 64 KiB-aligned, writable block of `SLAB_SIZE` bytes owned by the caller.
+    pub unsafe fn init(this: *mut Slab, data: *mut u8, class: usize, row: u16, owner: OwnerId) {
         let g = GEOMETRY[class];
-        // SAFETY: the block is ours and large enough for header and bitmap (Geometry invariants).
+        // SAFETY: the entry is ours and large enough for header and bitmap (Geometry invariants).
         unsafe {
             this.write(Slab {
                 hint: 0,
@@ -136,6 +158,7 @@ impl Slab {
                 owner,
                 next: core::ptr::null_mut(),
                 prev: core::ptr::null_mut(),
+                data,
                 shared: Shared { remote: AtomicUsize::new(0), remote_next: AtomicPtr::new(core::ptr::null_mut()) },
             });
             let bits = Slab::bits(this);
@@ -162,9 +185,16 @@ impl Slab {
         // SAFETY: the geometry fields of a live slab are immutable after init; they are read through
         // the raw pointer, without a reference to the header, whose owner fields the owner may be
         // writing meanwhile (this runs on remote frees too).
-        let (first, recip, size, nslots) =
-            unsafe { ((*this).first as usize, (*this).recip, (*this).size as usize, (*this).nslots as usize) };
-        let off = (p as usize).wrapping_sub(this as usize + first);
+        let (data, first, recip, size, nslots) = unsafe {
+            (
+                (*this).data as usize,
+                (*this).first as usize,
+                (*this).recip,
+                (*this).size as usize,
+                (*this).nslots as usize,
+            )
+        };
+        let off = (p as usize).wrapping_sub(data + first);
         let idx = slot_index(off & (SLAB_SIZE - 1), recip);
         if off >= SLAB_SIZE || idx * size != off || idx >= nslots {
             os::invalid_pointer(p, "free(): pointer is not the start of a block");
@@ -175,6 +205,11 @@ impl Slab {
     /// Pushes `p` onto the remote-free list (any thread). Returns `true` when the caller set `QUEUED`
     /// and must therefore push the slab onto its owner's queue.
     ///
+    /// The link to the next slot is stored encoded (XOR with a per-process random key and the slot's
+    /// own address, as mimalloc's encoded free lists): a link the program forges or copies by writing
+    /// after free decodes to a pointer outside the slab, or to one without the freed mark, and
+    /// [`Slab::next_remote`] aborts instead of handing a live slot out again.
+    ///
     /// # Safety
     /// - `this` is a live slab and `p` a live slot of it that the caller owns and gives up.
     #[inline]
@@ -184,11 +219,40 @@ impl Slab {
         let mut old = remote.load(Ordering::Relaxed);
         loop {
             // SAFETY: as above.
-            unsafe { (p as *mut usize).write(old & !QUEUED) };
+            unsafe { (p as *mut usize).write((old & !QUEUED) ^ link_mask(p)) };
             match remote.compare_exchange_weak(old, p as usize | QUEUED, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return old & QUEUED == 0,
                 Err(o) => old = o,
             }
+        }
+    }
+
+    /// The slot after `p` on this slab's remote list (0 at its end), decoded and checked: it must be
+    /// 0, or a slot start inside the slab's block that carries the freed mark (every slot on the list
+    /// was marked before it was pushed). Aborts with a message naming `p` otherwise.
+    ///
+    /// # Safety
+    /// - `this` is a live slab and `p` a slot on its remote list that only the caller walks (the
+    ///   owner, which alone takes slots off the list).
+    #[inline]
+    pub unsafe fn next_remote(this: *mut Slab, p: *mut u8) -> usize {
+        // SAFETY: `p` is a dead slot of at least 16 bytes (contract); `data` and the geometry are
+        // fixed for the slab's life.
+        unsafe {
+            let next = (p as *const usize).read() ^ link_mask(p);
+            if next == 0 {
+                return 0;
+            }
+            let off = next.wrapping_sub((*this).data as usize);
+            let (first, size, nslots) = ((*this).first as usize, (*this).size as usize, (*this).nslots as usize);
+            let ok = off >= first
+                && (off - first) % size == 0
+                && (off - first) / size < nslots
+                && ((next + MARK_OFFSET) as *const u64).read() == freed_mark();
+            if !ok {
+                os::invalid_pointer(p, "free(): corrupted remote free list (a write after free?)");
+            }
+            next
         }
     }
 
@@ -206,8 +270,8 @@ impl Slab {
         if (s.size, s.first, s.nslots, s.nwords, s.recip) != (g.size, g.first, g.nslots, g.nwords, g.recip) {
             return Err("slab header does not match its class's geometry");
         }
-        if this as usize & (SLAB_SIZE - 1) != 0 {
-            return Err("slab not aligned to its size");
+        if s.data as usize & (SLAB_SIZE - 1) != 0 || this as usize & 63 != 0 {
+            return Err("slab block not aligned to its size, or header not to a cache line");
         }
         let mut set = 0;
         for w in 0..s.nwords {
@@ -252,42 +316,66 @@ impl Slab {
 mod tests {
     use super::*;
 
-    /// A 64 KiB-aligned block for one slab (from the system allocator: unit tests do not install
-    /// edgepool).
-    fn block() -> (*mut Slab, std::alloc::Layout) {
-        let layout = std::alloc::Layout::from_size_align(SLAB_SIZE, SLAB_SIZE).unwrap();
-        // SAFETY: non-zero size.
-        let p = unsafe { std::alloc::alloc(layout) };
-        assert!(!p.is_null());
-        (p.cast(), layout)
+    /// A header entry and a 64 KiB-aligned block for one slab (from the system allocator: unit tests
+    /// do not install edgepool), freed on drop.
+    struct Fake {
+        s: *mut Slab,
+        data: *mut u8,
+    }
+
+    const HDR: std::alloc::Layout = match std::alloc::Layout::from_size_align(SLAB_META, 64) {
+        Ok(l) => l,
+        Err(_) => panic!(),
+    };
+    const DATA: std::alloc::Layout = match std::alloc::Layout::from_size_align(SLAB_SIZE, SLAB_SIZE) {
+        Ok(l) => l,
+        Err(_) => panic!(),
+    };
+
+    fn block() -> Fake {
+        // SAFETY: non-zero sizes.
+        let (s, data) = unsafe { (std::alloc::alloc(HDR), std::alloc::alloc(DATA)) };
+        assert!(!s.is_null() && !data.is_null());
+        Fake { s: s.cast(), data }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `block` with these layouts.
+            unsafe {
+                std::alloc::dealloc(self.s.cast(), HDR);
+                std::alloc::dealloc(self.data, DATA);
+            }
+        }
     }
 
     #[test]
     fn init_lays_out_every_class_and_check_accepts_it() {
-        let (s, layout) = block();
+        let f = block();
+        let s = f.s;
         for (class, g) in GEOMETRY.iter().enumerate() {
-            // SAFETY: a fresh aligned block of SLAB_SIZE bytes, ours.
+            // SAFETY: a fresh header entry and aligned block of SLAB_SIZE bytes, ours.
             unsafe {
-                Slab::init(s, class, class as u16, 0x40 as OwnerId);
+                Slab::init(s, f.data, class, class as u16, 0x40 as OwnerId);
                 assert_eq!(Slab::check(s, &[]), Ok(g.nslots));
                 assert_eq!((*s).state, SlabState::Current);
                 // Every slot's index round-trips through index_of.
                 for i in [0, 1, g.nslots as usize - 1] {
-                    let p = (s as *mut u8).add(g.first as usize + i * g.size as usize);
+                    let p = f.data.add(g.first as usize + i * g.size as usize);
                     assert_eq!(Slab::index_of(s, p), i);
                 }
             }
         }
-        // SAFETY: allocated above with this layout.
-        unsafe { std::alloc::dealloc(s.cast(), layout) };
     }
 
     #[test]
     fn check_catches_a_wrong_count_and_a_stray_bit() {
-        let (s, layout) = block();
-        // SAFETY: a fresh aligned block, ours; the writes stay inside header and bitmap.
+        let f = block();
+        let s = f.s;
+        // SAFETY: a fresh header entry and block, ours; the writes stay inside header and bitmap.
         unsafe {
-            Slab::init(s, 3, 3, core::ptr::null_mut());
+            // 96-byte slots: 682 of them, so the last bitmap word has bits beyond the last slot.
+            Slab::init(s, f.data, 4, 4, core::ptr::null_mut());
             // Take slot 0 without counting it.
             *Slab::bits(s) &= !1;
             assert!(Slab::check(s, &[]).is_err());
@@ -302,25 +390,30 @@ mod tests {
             // A bit beyond the last slot.
             let nw = (*s).nwords as usize;
             *Slab::bits(s).add(nw - 1) |= 1 << 63;
-            assert!(Slab::check(s, &[(0, w)]).is_err());
-            std::alloc::dealloc(s.cast(), layout);
+            assert_eq!(Slab::check(s, &[(0, w)]), Err("bitmap bit set beyond the last slot"));
         }
     }
 
     #[test]
     fn remote_pushes_queue_the_slab_once() {
-        let (s, layout) = block();
+        let f = block();
+        let s = f.s;
         // SAFETY: a fresh slab; the slots pushed are slots of it that nobody uses.
         unsafe {
-            Slab::init(s, 0, 0, core::ptr::null_mut());
-            let first = (s as *mut u8).add((*s).first as usize);
+            Slab::init(s, f.data, 0, 0, core::ptr::null_mut());
+            let first = f.data.add((*s).first as usize);
             assert!(Slab::push_remote(s, first));
             assert!(!Slab::push_remote(s, first.add(16)));
             let head = (*s).shared.remote.load(Ordering::Relaxed);
             assert_eq!(head & QUEUED, QUEUED);
             assert_eq!(head & !QUEUED, first.add(16) as usize);
-            assert_eq!((first.add(16) as *const usize).read(), first as usize);
-            std::alloc::dealloc(s.cast(), layout);
+            // The links are stored encoded, and decode once the slots carry the freed mark.
+            assert_ne!((first.add(16) as *const usize).read(), first as usize);
+            for q in [first, first.add(16)] {
+                q.add(MARK_OFFSET).cast::<u64>().write(freed_mark());
+            }
+            assert_eq!(Slab::next_remote(s, first.add(16)), first as usize);
+            assert_eq!(Slab::next_remote(s, first), 0);
         }
     }
 }

@@ -7,7 +7,8 @@
 //! never pass a ceiling, and after everything is freed and trimmed it must come back down.
 //!
 //! Each run is a child process with its own options (defaults; purge at once with nothing retained;
-//! a 1 MiB largest block, so that many blocks are direct mappings). `EDGEPOOL_TEST_SOAK_SECONDS`
+//! a 1 MiB largest block, so that many blocks are direct mappings; the hardened mode, purging at
+//! once). `EDGEPOOL_TEST_SOAK_SECONDS`
 //! sets the seconds per run (default 4; 2 in debug builds); `scripts/soak.sh SECONDS` runs longer.
 
 mod common;
@@ -92,6 +93,13 @@ fn soak_purging_at_once_with_nothing_retained() {
 #[test]
 fn soak_with_a_small_largest_block() {
     run_child(&[("EDGEPOOL_MAX_BLOCK", "1M")]);
+}
+
+#[test]
+fn soak_hardened_purging_at_once() {
+    // EDGEPOOL_SECURE: guard pages after slabs, purged memory sealed until reused; purging at once
+    // seals as much as possible, so every reuse path must unseal first.
+    run_child(&[("EDGEPOOL_SECURE", "1"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_RETAIN", "0")]);
 }
 
 #[test]

@@ -199,7 +199,7 @@ unsafe fn abandon(cache: *mut Cache) {
         if !spare.is_null() {
             (*cache).spare = core::ptr::null_mut();
             stats::add(&COUNTERS.slabs_released, 1);
-            heap::free_block(spare as *mut u8);
+            heap::free_block((*spare).data);
         }
         sync::CACHE_POOL.lock();
         (*cache).pool_next = POOL.load(Ordering::Relaxed);

@@ -51,7 +51,7 @@ use crate::buddy::PageKind;
 use crate::heap;
 use crate::os;
 use crate::phase_state::{RowSet, NSETS};
-use crate::size_class::{NCLASSES, SLAB_SHIFT, SLAB_SIZE};
+use crate::size_class::{NCLASSES, SLAB_SHIFT};
 use crate::slab::{self, OwnerId, Slab, SlabState};
 use crate::stats::{self, COUNTERS};
 
@@ -163,6 +163,7 @@ static EMPTY_SLAB: ReadOnly<Slab> = ReadOnly(UnsafeCell::new(Slab {
     owner: core::ptr::null_mut(),
     next: core::ptr::null_mut(),
     prev: core::ptr::null_mut(),
+    data: core::ptr::null_mut(),
     shared: slab::Shared { remote: AtomicUsize::new(0), remote_next: AtomicPtr::new(core::ptr::null_mut()) },
 }));
 
@@ -354,7 +355,7 @@ unsafe fn checkout(row: *mut ClassState) -> bool {
                 (*row).word = w;
                 (*row).widx = h;
                 (*row).size = (*s).size as usize;
-                (*row).base = (s as *mut u8).add((*s).first as usize + h as usize * 64 * (*row).size);
+                (*row).base = (*s).data.add((*s).first as usize + h as usize * 64 * (*row).size);
                 return true;
             }
             h += 1;
@@ -470,7 +471,7 @@ unsafe fn new_slab(cache: *mut Cache, class: usize, ri: usize) -> *mut Slab {
         let s = (*cache).spare;
         if !s.is_null() {
             (*cache).spare = core::ptr::null_mut();
-            Slab::init(s, class, row_tag(ri), cache.cast());
+            Slab::init(s, (*s).data, class, row_tag(ri), cache.cast());
             return s;
         }
         let load = ri >= RowSet::Load as usize;
@@ -478,8 +479,9 @@ unsafe fn new_slab(cache: *mut Cache, class: usize, ri: usize) -> *mut Slab {
             return core::ptr::null_mut();
         };
         stats::add(&COUNTERS.slabs_acquired, 1);
-        let s = block as *mut Slab;
-        Slab::init(s, class, row_tag(ri), cache.cast());
+        // The block is in the heap's region; its header is its entry of the slab table.
+        let s = heap::slab_of(block);
+        Slab::init(s, block, class, row_tag(ri), cache.cast());
         s
     }
 }
@@ -679,7 +681,7 @@ unsafe fn flush_stack(cache: *mut Cache, row: *mut ClassState) {
         while (*row).top > 0 {
             (*row).top -= 1;
             let p = *(&raw const (*row).stack).cast::<*mut u8>().add((*row).top as usize);
-            let slab = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
+            let slab = heap::slab_of(p);
             owner_free(cache, slab, p);
             if needs_refile(slab) {
                 refile(slab);
@@ -736,7 +738,7 @@ unsafe fn retire(cache: *mut Cache, slab: *mut Slab) {
             (*cache).spare = slab;
         } else {
             stats::add(&COUNTERS.slabs_released, 1);
-            heap::free_block(slab as *mut u8);
+            heap::free_block((*slab).data);
         }
     }
 }
@@ -783,7 +785,7 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
                 check_slab(cache, cur, ri, SlabState::Current)?;
                 let out: &[(u32, u64)] = if (*r).widx == NO_WORD { &[] } else { &[((*r).widx, (*r).word)] };
                 if let Some(&(w, _)) = out.first() {
-                    let base = (cur as *mut u8).add((*cur).first as usize + w as usize * 64 * (*cur).size as usize);
+                    let base = (*cur).data.add((*cur).first as usize + w as usize * 64 * (*cur).size as usize);
                     if (*r).base != base || (*r).size != (*cur).size as usize {
                         return Err("the row's word base or size does not match its slab");
                     }
@@ -817,10 +819,12 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
             let stack = (&raw const (*r).stack).cast::<*mut u8>();
             for i in 0..top {
                 let p = *stack.add(i);
-                let s = (p as usize & !(SLAB_SIZE - 1)) as *mut Slab;
-                if heap::page_kind(p as usize) != Some(PageKind::Slab) || (*s).owner != cache.cast::<u8>() {
+                if heap::page_kind(p as usize) != Some(PageKind::Slab)
+                    || (*heap::slab_of(p)).owner != cache.cast::<u8>()
+                {
                     return Err("a stacked slot is not in a slab of this cache");
                 }
+                let s = heap::slab_of(p);
                 if row_index((*s).row) != ri {
                     return Err("a stacked slot belongs to another row");
                 }
@@ -871,7 +875,9 @@ mod tests {
     }
 
     fn slab_of(p: *mut u8) -> *mut Slab {
-        (p as usize & !(SLAB_SIZE - 1)) as *mut Slab
+        assert_eq!(heap::page_kind(p as usize), Some(PageKind::Slab));
+        // SAFETY: p is in the region (checked above).
+        unsafe { heap::slab_of(p) }
     }
 
     /// Runs `f` on a new thread (a cache of its own), checking the cache after it.

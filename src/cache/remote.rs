@@ -79,7 +79,7 @@ unsafe fn apply(cache: *mut Cache, slab: *mut Slab, mut list: usize) -> u32 {
         let p = list as *mut u8;
         // SAFETY: every list member is a dead slot of this slab; its first word links the next.
         unsafe {
-            list = (p as *const usize).read();
+            list = Slab::next_remote(slab, p);
             owner_free(cache, slab, p);
         }
         n += 1;
@@ -116,7 +116,7 @@ pub(super) unsafe fn is_listed(slab: *mut Slab, p: *mut u8) -> bool {
             if l == p as usize {
                 return true;
             }
-            l = (l as *const usize).read();
+            l = Slab::next_remote(slab, l as *mut u8);
         }
     }
     false

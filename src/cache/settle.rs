@@ -81,7 +81,7 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
         if used == 0 && (*s).shared.remote.load(Ordering::Acquire) == 0 {
             stats::add(&COUNTERS.slabs_released, 1);
             r.slabs_released += 1;
-            heap::free_block(s as *mut u8);
+            heap::free_block((*s).data);
             return;
         }
         r.purged_bytes += purge_free_pages(s);
@@ -91,8 +91,8 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
 }
 
 /// Purges the pages of a slab on which every slot is free, counting only pages that were resident.
-/// Free slots hold no allocator data (the bitmap is in the header page), so a purged page simply reads
-/// as zero when its slots are handed out again.
+/// Free slots hold no allocator data (the header and bitmap are out of band) beyond their freed mark,
+/// so a purged page simply reads as zero when its slots are handed out again.
 ///
 /// # Safety
 /// - `s` is a live slab owned by the caller with no word checked out, no stacked slot and its remote
@@ -100,7 +100,8 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
 unsafe fn purge_free_pages(s: *mut Slab) -> usize {
     const PAGES: usize = SLAB_SIZE / os::PAGE;
     let mut resident = [0u8; PAGES];
-    let base = s as *mut u8;
+    // SAFETY: `data` is fixed for the slab's life.
+    let base = unsafe { (*s).data };
     if !os::resident_pages(base, SLAB_SIZE, &mut resident) {
         return 0;
     }
@@ -113,10 +114,9 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
     };
     let mut purged = 0;
     let mut run_start = usize::MAX;
-    // Page 0 holds the header and bitmap: never purged. The loop runs one past the last page to flush
-    // the final run of purgeable pages.
+    // The loop runs one past the last page to flush the final run of purgeable pages.
     #[allow(clippy::needless_range_loop)]
-    for page in 1..=PAGES {
+    for page in 0..=PAGES {
         let purge_this = page < PAGES && {
             let ps = page * os::PAGE;
             let pe = ps + os::PAGE;

@@ -8,22 +8,31 @@ use std::sync::OnceLock;
 /// directory keeps this nested build off the lock of the `cargo test` that runs us.
 pub fn lib() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target = root.join("target").join("preload");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .current_dir(root)
-            .args(["build", "--release", "-p", "edgepool-cdylib", "--target-dir"])
-            .arg(&target)
-            .status()
-            .unwrap();
-        assert!(st.success(), "building libedgepool.so failed");
-        let so = target.join("release").join("libedgepool.so");
-        assert!(so.exists());
-        so
-    })
-    .clone()
+    LIB.get_or_init(|| build_lib("preload", &[])).clone()
+}
+
+/// Builds `libedgepool.so` with the `valgrind` feature (client requests), once per test binary.
+pub fn lib_valgrind() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| build_lib("preload-valgrind", &["--features", "valgrind"])).clone()
+}
+
+fn build_lib(dir: &str, extra: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = root.join("target").join(dir);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--release", "-p", "edgepool-cdylib"])
+        .args(extra)
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(st.success(), "building libedgepool.so failed");
+    let so = target.join("release").join("libedgepool.so");
+    assert!(so.exists());
+    so
 }
 
 /// A fresh temporary directory for one test.
