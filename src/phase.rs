@@ -44,7 +44,9 @@ pub struct PhaseReport {
     /// Bytes of load-phase allocations still live at the end (small survivors at their class size;
     /// large blocks still live).
     pub survivor_bytes: usize,
-    /// Resident bytes handed back to the OS when the phase ended.
+    /// Bytes handed back to the OS by the phase's end: the resident pages of load slabs that hold
+    /// only free slots, and every free heap page (a freed block counts whole). Purges made while the
+    /// phase ran are not in it, so it never exceeds `peak_bytes`.
     pub released_bytes: usize,
     /// Memory edgepool held from the OS when the phase began, and right after it ended.
     pub os_bytes_before: usize,
@@ -91,7 +93,9 @@ fn snapshot() -> Start {
     }
 }
 
-fn finish_report(start: Start, small: LoadEnd, deferred: usize) -> PhaseReport {
+/// The report of a phase that began at `start` and whose end began when the purge counter read
+/// `end_purged` (before its slabs were settled).
+fn finish_report(start: Start, end_purged: usize, small: LoadEnd, deferred: usize) -> PhaseReport {
     let peak = heap::peak();
     cache::collect_abandoned();
     heap::trim();
@@ -103,7 +107,7 @@ fn finish_report(start: Start, small: LoadEnd, deferred: usize) -> PhaseReport {
         survivor_bytes: small.survivor_bytes
             + LOAD_LARGE_LIVE.load(Ordering::Relaxed)
             + arena::LIVE_BYTES.load(Ordering::Relaxed),
-        released_bytes: COUNTERS.purged_bytes.load(Ordering::Relaxed) - start.purged,
+        released_bytes: COUNTERS.purged_bytes.load(Ordering::Relaxed).saturating_sub(end_purged),
         os_bytes_before: start.os_bytes,
         os_bytes_after: heap::stats().os_bytes,
         duration: Duration::from_nanos(crate::os::now_ns() - start.t_ns),
@@ -193,8 +197,9 @@ impl Drop for LoadPhase {
 }
 
 fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
+    let end_purged = COUNTERS.purged_bytes.load(Ordering::Relaxed);
     if c.is_null() {
-        return finish_report(start, LoadEnd::default(), 0);
+        return finish_report(start, end_purged, LoadEnd::default(), 0);
     }
     // SAFETY: caches are never freed, and `c` had `thread_enter` when this guard was made.
     let (small, deferred) = match unsafe { settle::thread_leave(c) } {
@@ -202,7 +207,7 @@ fn thread_end(c: *mut Cache, start: Start) -> PhaseReport {
         settle::ThreadLeave::Settled(done) => (done, 0),
         settle::ThreadLeave::Deferred => (LoadEnd::default(), 1),
     };
-    finish_report(start, small, deferred)
+    finish_report(start, end_purged, small, deferred)
 }
 
 fn process_begin(mode: PhaseMode) -> Start {
@@ -215,6 +220,7 @@ fn process_begin(mode: PhaseMode) -> Start {
 }
 
 fn process_end(start: Start) -> PhaseReport {
+    let end_purged = COUNTERS.purged_bytes.load(Ordering::Relaxed);
     sync::PHASE_CONTROL.lock();
     let (small, deferred) = if phase_state::process_depth() == 1 {
         phase_state::process_leave();
@@ -224,7 +230,7 @@ fn process_end(start: Start) -> PhaseReport {
         (LoadEnd::default(), 0)
     };
     sync::PHASE_CONTROL.unlock();
-    finish_report(start, small, deferred)
+    finish_report(start, end_purged, small, deferred)
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ struct edgepool_phase_report {
     uint64_t allocations;     /* allocations made during the phase */
     uint64_t peak_bytes;      /* the most memory edgepool held from the OS during the phase */
     uint64_t survivor_bytes;  /* bytes of load-phase allocations still live at the end */
-    uint64_t released_bytes;  /* resident bytes handed back to the OS when the phase ended */
+    uint64_t released_bytes;  /* bytes handed back to the OS by the phase's end (not by purges while it ran) */
     uint64_t os_bytes_before; /* memory held from the OS when the phase began */
     uint64_t os_bytes_after;  /* ... and right after it ended */
     uint64_t duration_ns;
