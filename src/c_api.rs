@@ -244,6 +244,33 @@ pub fn mallopt(_param: c_int, _value: c_int) -> c_int {
     1
 }
 
+/// `edgepool_stats(out, size)`: fills `struct edgepool_stats` (cdylib/include/edgepool.h), versioned by
+/// size as mimalloc's and jemalloc's statistics calls are: its first field receives the bytes filled,
+/// then come the figures and counters of [`stats::Stats::fields`], one `uint64_t` each. At most `size`
+/// bytes are written, whole fields only, so a program built against an older, shorter struct keeps
+/// working, and fields only ever join at the end. Returns 0, or -1 with `EINVAL` when `out` is NULL or
+/// `size` is below 8.
+///
+/// # Safety
+/// - `out` is NULL or valid for writes of `size` bytes, aligned to 8.
+pub unsafe fn stats_into(out: *mut u64, size: usize) -> c_int {
+    if out.is_null() || size < 8 {
+        os::set_errno(libc::EINVAL);
+        return -1;
+    }
+    let s = heap::stats();
+    let room = size / 8 - 1;
+    let mut n = 0;
+    for (i, (_, v)) in s.fields().enumerate().take(room) {
+        // SAFETY: field i + 1 < size / 8 lies inside the caller's buffer.
+        unsafe { out.add(i + 1).write(v as u64) };
+        n = i + 1;
+    }
+    // SAFETY: size >= 8.
+    unsafe { out.write(((n + 1) * 8) as u64) };
+    0
+}
+
 /// Writes the statistics report to `fd`, without allocating.
 pub fn write_stats(fd: c_int) {
     stats::write_report(fd, &heap::stats());

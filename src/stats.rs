@@ -96,16 +96,7 @@ pub fn slab_bytes() -> usize {
 /// Writes the statistics report `s` to file descriptor `fd`, one figure a line, without allocating.
 pub fn write_report(fd: libc::c_int, s: &Stats) {
     os::write_fd(fd, b"edgepool statistics\n");
-    let figures = [
-        ("os_bytes", s.os_bytes),
-        ("peak_os_bytes", s.peak_os_bytes),
-        ("committed_bytes", s.committed_bytes),
-        ("free_bytes", s.free_bytes),
-        ("dirty_free_bytes", s.dirty_free_bytes),
-        ("slab_bytes", s.slab_bytes),
-        ("limit_bytes", s.limit_bytes),
-    ];
-    for (name, v) in figures.into_iter().chain(s.counters.fields()) {
+    for (name, v) in s.fields() {
         let mut m = os::MsgBuf::new();
         m.str("  ").str(name).str(" ").num(v as u64).str("\n");
         os::write_fd(fd, m.as_bytes());
@@ -131,4 +122,22 @@ pub struct Stats {
     /// The memory budget in effect (0 = none).
     pub limit_bytes: usize,
     pub counters: CounterValues,
+}
+
+impl Stats {
+    /// `(name, value)` for every figure, then every counter: the order of the report and of the C
+    /// API's `struct edgepool_stats` (which may only grow at its end).
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, usize)> {
+        [
+            ("os_bytes", self.os_bytes),
+            ("peak_os_bytes", self.peak_os_bytes),
+            ("committed_bytes", self.committed_bytes),
+            ("free_bytes", self.free_bytes),
+            ("dirty_free_bytes", self.dirty_free_bytes),
+            ("slab_bytes", self.slab_bytes),
+            ("limit_bytes", self.limit_bytes),
+        ]
+        .into_iter()
+        .chain(self.counters.fields())
+    }
 }

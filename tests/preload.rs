@@ -44,6 +44,7 @@ const REQUIRED: &[&str] = &[
     "edgepool_version",
     "edgepool_trim",
     "edgepool_print_stats",
+    "edgepool_stats",
     "edgepool_set_limit",
     "edgepool_load_begin",
     "edgepool_load_end",
@@ -319,6 +320,39 @@ fn valgrind_sees_leaks_overflows_and_use_after_free_on_edgepool() {
 }
 
 #[test]
+fn stats_struct_from_c_matches_the_report() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tmp_dir("stats");
+    let exe = dir.join("stats");
+    let include = format!("-I{}", root.join("cdylib/include").display());
+    compile_c(
+        &root.join("tests/c/stats.c"),
+        &exe,
+        &[&include, "-L", lib().parent().unwrap().to_str().unwrap(), "-ledgepool"],
+    );
+    let out = run_with(&mut Command::new(&exe), true, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let (report, rest) = stdout.split_once("struct\n").unwrap();
+    let pairs = |text: &str| -> Vec<(String, u64)> {
+        text.lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+            })
+            .collect()
+    };
+    let report = pairs(report);
+    let fields = pairs(rest);
+    // Field for field, in the report's order, after the size field (which counts them all).
+    assert_eq!(fields[0], ("size".to_string(), 8 * (report.len() as u64 + 1)), "{stdout}");
+    assert_eq!(&fields[1..=report.len()], &report[..], "{stdout}");
+    assert!(report.iter().any(|(k, v)| k == "large_allocs" && *v >= 10), "{stdout}");
+    assert!(stdout.contains("short rc=0 size=24 untouched=1"), "{stdout}");
+    assert!(stdout.contains("null rc=-1 einval=1"), "{stdout}");
+}
+
+#[test]
 fn cxx_under_preload() {
     let dir = tmp_dir("cxx");
     let exe = dir.join("cxx");
@@ -450,6 +484,45 @@ fn onnxruntime_inference_session_identical_under_edgepool() {
     assert_eq!(std::fs::read(&model_a).unwrap(), std::fs::read(&model_b).unwrap());
     assert!(stat(&stderr, "slab_refills") > 1000, "onnxruntime did not allocate through edgepool:\n{stderr}");
     assert!(stat(&stderr, "large_allocs") > 10, "{stderr}");
+}
+
+#[test]
+fn python_module_with_onnxruntime() {
+    // python/edgepool.py: a session made inside `with edgepool.load_phase()`, then stats, trim and the
+    // budget; and a clear error without the library.
+    let Some(python) = ort_python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tmp_dir("py-module");
+    let model = dir.join("m.onnx");
+    let plain = Command::new(&python).arg(programs().join("ort_infer.py")).arg(&model).output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let first =
+        String::from_utf8_lossy(&plain.stdout).lines().nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let pypath = [("PYTHONPATH", root.join("python").to_str().unwrap().to_owned())];
+    let out = run_with(
+        Command::new(&python).arg(programs().join("py_module.py")).arg(&model).envs(pypath.clone()),
+        true,
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let get = |k: &str| -> String {
+        stdout
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k}: {stdout}"))
+            .to_owned()
+    };
+    let num = |k: &str| get(k).parse::<u64>().unwrap();
+    assert_eq!(get("version"), env!("CARGO_PKG_VERSION"));
+    assert!(num("allocations") > 1000 && num("large_allocs") > 10, "{stdout}");
+    assert!(num("survivors") > 0 && num("survivors") < num("peak") && num("released") <= num("peak"), "{stdout}");
+    assert_eq!(num("fields"), 25, "{stdout}");
+    assert_eq!(get("refused"), "True", "the budget did not refuse 512 MiB: {stdout}");
+    assert_eq!(get("out"), first, "inference output differs");
+    let bare = Command::new(&python).args(["-c", "import edgepool; edgepool.stats()"]).envs(pypath).output().unwrap();
+    let err = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success() && err.contains("NotPreloaded: libedgepool.so is not loaded"), "{err}");
 }
 
 #[test]

@@ -23,6 +23,40 @@ size_t edgepool_trim(void);
 /* Writes the statistics report (bytes taken from the OS, peak, counters) to file descriptor `fd`. */
 void edgepool_print_stats(int fd);
 
+/* Statistics, versioned by size: pass sizeof(struct edgepool_stats) of the header you built with.
+ * The library fills at most that many bytes (whole fields), sets `size` to the bytes it filled, and
+ * returns 0; -1 with errno = EINVAL when out is NULL or size < 8. Fields only ever join at the end.
+ * The same figures as edgepool_print_stats, in its order. */
+struct edgepool_stats {
+    uint64_t size;                   /* bytes filled by the library */
+    uint64_t os_bytes;               /* held from the OS and possibly resident (what the budget caps) */
+    uint64_t peak_os_bytes;          /* the highest os_bytes seen */
+    uint64_t committed_bytes;        /* heap address space grown so far */
+    uint64_t free_bytes;             /* free bytes inside the heap */
+    uint64_t dirty_free_bytes;       /* free heap bytes that may still be resident */
+    uint64_t slab_bytes;             /* bytes in slabs, their free slots included */
+    uint64_t limit_bytes;            /* the memory budget (0 = none) */
+    uint64_t slabs_acquired;         /* slabs taken from the heap */
+    uint64_t slabs_released;         /* slabs given back (empty) */
+    uint64_t slab_refills;           /* small-allocation slow paths */
+    uint64_t remote_frees;           /* slabs queued for their owner by another thread's free */
+    uint64_t large_allocs;           /* large (buddy) allocations */
+    uint64_t large_frees;            /* large (buddy) frees */
+    uint64_t large_realloc_in_place; /* large reallocations done in place */
+    uint64_t direct_allocs;          /* requests mapped directly (beyond the largest block) */
+    uint64_t direct_frees;           /* direct mappings unmapped */
+    uint64_t direct_bytes;           /* bytes mapped directly now */
+    uint64_t purges;                 /* purge calls that returned memory to the OS */
+    uint64_t purged_bytes;           /* bytes returned to the OS by purging */
+    uint64_t caches_created;         /* thread caches created */
+    uint64_t caches_adopted;         /* thread caches adopted after their thread exited */
+    uint64_t caches_abandoned;       /* thread caches given back at thread exit */
+    uint64_t arena_chunks_released;  /* load-arena chunks given back */
+    uint64_t budget_refusals;        /* requests refused by the memory budget */
+    uint64_t oom_refusals;           /* requests refused for lack of memory from the OS */
+};
+int edgepool_stats(struct edgepool_stats *out, size_t size);
+
 /* Sets the memory budget in bytes (0 = none), as EDGEPOOL_LIMIT does: requests beyond it fail with
  * NULL and errno = ENOMEM. */
 void edgepool_set_limit(size_t bytes);

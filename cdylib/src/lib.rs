@@ -62,6 +62,7 @@ export! {
     edgepool_version() -> *const c_char = c_api::version();
     edgepool_trim() -> usize = ep::trim();
     edgepool_print_stats(fd: c_int) = c_api::write_stats(fd);
+    edgepool_stats(out: *mut u64, size: usize) -> c_int = c_api::stats_into(out, size);
     edgepool_set_limit(bytes: usize) = ep::set_limit(bytes);
     edgepool_load_begin() = c_api::load_begin();
     edgepool_load_end(out: *mut c_api::PhaseReportC) -> c_int = c_api::load_end(out);

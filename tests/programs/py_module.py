@@ -1,0 +1,31 @@
+"""python/edgepool.py with onnxruntime: a session created inside edgepool.load_phase(), then stats,
+trim and the budget. Prints one line of results. Usage: python py_module.py MODEL_PATH"""
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+import edgepool
+
+before = edgepool.stats()
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = 2
+with edgepool.load_phase() as phase:
+    sess = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+r = phase.report
+x = np.random.default_rng(99).standard_normal((1, 3, 64, 64)).astype(np.float32)
+y = sess.run(None, {"X": x})[0]
+after = edgepool.stats()
+trimmed = edgepool.trim()
+edgepool.set_limit(after["os_bytes"] + (1 << 20))
+try:
+    big = bytearray(512 << 20)
+    refused = False
+except MemoryError:
+    refused = True
+edgepool.set_limit(0)
+print(
+    f"version={edgepool.version()} allocations={r.allocations} peak={r.peak_bytes} survivors={r.survivor_bytes} "
+    f"released={r.released_bytes} large_allocs={after['large_allocs'] - before['large_allocs']} "
+    f"fields={len(after)} trimmed={trimmed} refused={refused} out={float(y.ravel()[0])!r}"
+)
