@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! tract_load generate MODEL.onnx WEIGHTS_MB     write a U-Net-style model with random weights
-//! tract_load load MODEL.onnx [--phase|--arena]  load it, run one inference, print one line of figures
+//! tract_load load MODEL.onnx [--phase|--arena] [--hold-ms=N]
+//!                                                load it, run one inference, print one line of figures
+//!                                                (and stay alive N ms more, for memory curves)
 //! tract_load demo [WEIGHTS_MB]                   generate a model (default 64 MB) and compare glibc,
 //!                                                edgepool, and edgepool with the load phase
 //! ```
@@ -76,9 +78,16 @@ fn main() {
                 eprintln!("tract_load: {e:?}");
                 std::process::exit(1);
             }
+            // `--hold-ms=N`: stay alive N ms after the inference (for memory curves, which then show
+            // the run phase after the step down).
+            if let Some(ms) = args.iter().find_map(|a| a.strip_prefix("--hold-ms=")).and_then(|v| v.parse().ok()) {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
         }
         _ => {
-            eprintln!("usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] | demo [WEIGHTS_MB]");
+            eprintln!(
+                "usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] [--hold-ms=N] | demo [WEIGHTS_MB]"
+            );
             std::process::exit(2);
         }
     }

@@ -30,12 +30,15 @@ fn small(class: usize) -> *mut u8 {
 }
 
 /// The small-object slow path: the start-up phase's trigger is polled here (the phase layer sits
-/// above the caches), then the cache refills.
+/// above the caches), then the cache refills, then `EDGEPOOL_CURVE`'s sampler is started if asked.
 #[cold]
 #[inline(never)]
 fn small_slow(class: usize) -> *mut u8 {
     phase::poll_trigger();
-    cache::alloc_slow(class)
+    let p = cache::alloc_slow(class);
+    // After the allocation, outside every lock: starting the sampler may allocate (pthread_create).
+    crate::curve::poll();
+    p
 }
 
 /// Allocates `size` bytes aligned to `align` (a power of two). Returns null on failure. `size == 0`

@@ -23,7 +23,7 @@
 //! | 3 | buddy, slab | single-threaded block structures: the buddy free lists over the page map; one slab |
 //! | 4 | init | start-up: options, the region's reservation, the start-up phase, the `fork` handlers, the banner |
 //! | 5 | heap | the global buddy heap: its lock, growth, purging, the budget, the page map |
-//! | 6 | direct, arena | direct mappings beyond the largest block; the load arena |
+//! | 6 | direct, arena, curve | direct mappings beyond the largest block; the load arena; the memory curve's sampler |
 //! | 7 | cache, owner | thread caches (fast paths, remote frees, life, phase settling); pointer → owner |
 //! | 8 | phase | load and run phases: guards, reports, the C API's phase, the start-up trigger |
 //! | 9 | global | routing: which part serves a request; [`EdgePool`] |
@@ -36,6 +36,7 @@ mod arena;
 mod buddy;
 pub mod c_api;
 mod cache;
+pub mod curve;
 mod direct;
 mod global;
 mod heap;

@@ -11,6 +11,8 @@
 pub enum Kind {
     Size,
     Bool,
+    /// A file name: the table keeps 1 when it is set (the module that uses it reads the name itself).
+    Path,
 }
 
 pub struct OptionDef {
@@ -34,9 +36,11 @@ pub const LOAD_ARENA: usize = 9;
 pub const PURGE_DELAY: usize = 10;
 pub const LOAD_PREFAULT: usize = 11;
 pub const SECURE: usize = 12;
+pub const CURVE: usize = 13;
+pub const CURVE_MS: usize = 14;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 13] = [
+pub const OPTIONS: [OptionDef; 15] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -114,6 +118,18 @@ pub const OPTIONS: [OptionDef; 13] = [
         kind: Kind::Bool,
         default: 0,
         description: "hardened mode: a guard page after every slab, and free heap memory made inaccessible when it is purged, until it is handed out again (each costs a mapping: see the README)",
+    },
+    OptionDef {
+        name: "CURVE",
+        kind: Kind::Path,
+        default: 0,
+        description: "write the memory curve to this CSV file: every CURVE_MS, the process RSS, the bytes in use, the bytes held from the OS, the system's available memory and whether a load phase is open (scripts/plot-curve.py draws it)",
+    },
+    OptionDef {
+        name: "CURVE_MS",
+        kind: Kind::Size,
+        default: 5,
+        description: "milliseconds between two samples of EDGEPOOL_CURVE (at least 1)",
     },
 ];
 
@@ -227,6 +243,7 @@ pub fn validate(index: usize, v: u64) -> Result<u64, &'static str> {
             Err("it must be a power of two from 256K to 1G")
         }
         RESERVE if v < 16 << 20 => Err("it must be at least 16M"),
+        CURVE_MS if v == 0 => Err("it must be at least 1"),
         _ => Ok(v),
     }
 }
@@ -265,6 +282,10 @@ impl Values {
                     Kind::Bool => {
                         parse_bool(value).map(u64::from).ok_or("it is not a boolean (1/0, true/false, yes/no, on/off)")
                     }
+                    Kind::Path if value.is_empty() || value.len() >= 4096 => {
+                        Err("it must be a file name of 1 to 4095 bytes")
+                    }
+                    Kind::Path => Ok(1),
                 };
                 self.0[i] = parsed.and_then(|v| validate(i, v))?;
                 return Ok(true);

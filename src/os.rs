@@ -506,6 +506,84 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Closes file descriptor `fd`, preserving errno.
+pub fn close(fd: libc::c_int) {
+    let e = errno();
+    // SAFETY: closing a descriptor touches no memory.
+    unsafe { libc::close(fd) };
+    set_errno(e);
+}
+
+/// Sleeps for `ns` nanoseconds (or until a signal).
+pub fn sleep_ns(ns: u64) {
+    let ts =
+        libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: `ts` is a valid timespec; no remainder is asked for.
+    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}
+
+/// Opens `path` (not NUL-terminated, at most 4095 bytes) for writing, created or truncated, close
+/// on exec. Returns the descriptor, or `None` (errno set). Never allocates.
+pub fn open_write(path: &[u8]) -> Option<libc::c_int> {
+    let mut buf = [0u8; 4096];
+    if path.len() >= buf.len() || path.contains(&0) {
+        set_errno(libc::ENAMETOOLONG);
+        return None;
+    }
+    buf[..path.len()].copy_from_slice(path);
+    // SAFETY: `buf` is NUL-terminated (zeroed beyond the path).
+    let fd = unsafe {
+        libc::open(buf.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644)
+    };
+    (fd >= 0).then_some(fd)
+}
+
+/// Reads up to `buf.len()` bytes of the file at `path` into `buf`; returns how many (0 on failure).
+/// Never allocates.
+pub fn read_small_file(path: &core::ffi::CStr, buf: &mut [u8]) -> usize {
+    // SAFETY: `path` is NUL-terminated; reads go into `buf`, within its length.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let mut len = 0;
+        while len < buf.len() {
+            let n = libc::read(fd, buf.as_mut_ptr().add(len).cast(), buf.len() - len);
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        libc::close(fd);
+        len
+    }
+}
+
+/// Starts a detached thread running `f(arg)` on a 256 KiB stack. Returns whether it started. The
+/// thread is made by `pthread_create` directly: nothing of Rust's thread machinery (which allocates)
+/// runs in it.
+///
+/// # Safety
+/// - `f(arg)` may run on another thread, for as long as it likes: whatever `arg` points to must stay
+///   valid and be safe to use from there.
+pub unsafe fn spawn_detached(f: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> bool {
+    // SAFETY: the attribute object is initialised before use and destroyed after; `f` is a plain
+    // C-ABI function and `arg` is passed through untouched (the caller vouches for it).
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return false;
+        }
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setstacksize(&mut attr, 256 << 10);
+        let mut t: libc::pthread_t = 0;
+        let ok = libc::pthread_create(&mut t, &attr, f, arg) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        ok
+    }
+}
+
 /// Relaxes the CPU inside a spin loop.
 #[inline]
 pub fn spin_hint() {

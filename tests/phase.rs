@@ -151,6 +151,28 @@ fn released_bytes_count_only_what_the_end_gave_back() {
 }
 
 #[test]
+fn memory_curve_from_rust() {
+    let path = std::env::temp_dir().join(format!("edgepool-curve-{}.csv", std::process::id()));
+    edgepool::curve::start(path.to_str().unwrap(), std::time::Duration::from_millis(1)).unwrap();
+    assert!(edgepool::curve::start(path.to_str().unwrap(), std::time::Duration::from_millis(1)).is_err());
+    let guard = edgepool::load_phase();
+    let v: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 1 << 20]).collect();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    drop(v);
+    drop(guard);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    assert!(edgepool::curve::stop());
+    assert!(!edgepool::curve::stop());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert!(rows.len() >= 10, "{text}");
+    // (Other tests of this process open phases too: only this one's samples are certain.)
+    assert!(rows.iter().any(|r| r.ends_with(",1")), "{text}");
+    assert!(rows.iter().all(|r| r.split(',').count() == 6), "{text}");
+}
+
+#[test]
 fn guards_nest_and_survive_odd_endings() {
     let outer = edgepool::load_phase();
     let inner = edgepool::load_phase();

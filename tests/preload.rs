@@ -526,6 +526,41 @@ fn python_module_with_onnxruntime() {
 }
 
 #[test]
+fn memory_curve_of_a_preloaded_run_and_its_plot() {
+    let Some(python) = ort_python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tmp_dir("curve");
+    let csv = dir.join("run.csv");
+    let out = run_with(
+        Command::new(&python).arg(programs().join("py_curve.py")).env("PYTHONPATH", root.join("python")),
+        true,
+        &[("EDGEPOOL_CURVE", csv.to_str().unwrap()), ("EDGEPOOL_CURVE_MS", "2")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("t_ms,rss_bytes,in_use_bytes,os_bytes,available_bytes,phase"));
+    let rows: Vec<Vec<u64>> = lines.map(|l| l.split(',').map(|v| v.parse().unwrap()).collect()).collect();
+    assert!(rows.len() >= 50, "{} samples in about 0.3 s at 2 ms", rows.len());
+    assert!(rows.iter().all(|r| r.len() == 6 && r[1] > 0 && r[4] > 0 && r[5] <= 1));
+    assert!(rows.windows(2).all(|w| w[0][0] <= w[1][0]), "time goes backwards");
+    // The phase column: 0, then 1 while the phase is open, then 0 again after its end.
+    let first = rows.iter().position(|r| r[5] == 1).expect("no sample inside the load phase");
+    let last = rows.iter().rposition(|r| r[5] == 1).unwrap();
+    assert!(first > 0 && last + 1 < rows.len() && rows[first..=last].iter().all(|r| r[5] == 1), "{text}");
+    // In the phase the heap held the temporaries; after its end it holds about what was kept.
+    let peak_os = rows[first..=last].iter().map(|r| r[3]).max().unwrap();
+    let after_os = rows.last().unwrap()[3];
+    assert!(peak_os > 140 << 20 && after_os < peak_os / 2, "os bytes: {peak_os} in the phase, {after_os} after");
+    // The plot.
+    let png = dir.join("curve.png");
+    let plot = Command::new(&python).arg(root.join("scripts/plot-curve.py")).arg(&png).arg(&csv).output().unwrap();
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.len() > 10_000 && bytes.starts_with(b"\x89PNG"), "not a PNG");
+}
+
+#[test]
 fn verbose_banner_once_confirms_preload() {
     let out = run_with(Command::new("sh").args(["-c", "ls / > /dev/null"]), true, &[("EDGEPOOL_VERBOSE", "1")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
