@@ -245,30 +245,29 @@ fn heap_pieces_skip_memory_mapped_by_someone_else() {
     assert!(taken > 0, "the test mapped nothing in the heap's way: {out}");
 }
 
-#[test]
-fn calloc_is_zero_after_a_write_after_free_into_purged_memory() {
-    let dir = tmp_dir("uaf-calloc");
-    let exe = dir.join("uaf_calloc");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/uaf_calloc.c"), &exe, &[]);
+/// Compiles `tests/c/NAME.c`, runs it under edgepool (it must succeed), and returns the number its
+/// output gives after `prefix` (the C programs end with one line "PREFIX N").
+fn c_count_under_preload(name: &str, prefix: &str) -> u32 {
+    let dir = tmp_dir(name);
+    let exe = dir.join(name);
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c")), &exe, &[]);
     let out = run_with(&mut Command::new(&exe), true, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let reused: u32 =
-        stdout.trim().strip_prefix("uaf-calloc ok ").unwrap_or_else(|| panic!("{stdout}")).parse().unwrap();
+    stdout.trim().strip_prefix(prefix).and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("{name}: {stdout}"))
+}
+
+#[test]
+fn calloc_is_zero_after_a_write_after_free_into_purged_memory() {
     // The check means something only where calloc got the written block back.
-    assert!(reused >= 1, "calloc never got the written block back: {stdout}");
+    let reused = c_count_under_preload("uaf_calloc", "uaf-calloc ok");
+    assert!(reused >= 1, "calloc never got the written block back");
 }
 
 #[test]
 fn an_overflow_past_a_slab_reaches_no_allocator_state() {
-    let dir = tmp_dir("overflow");
-    let exe = dir.join("overflow");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/overflow.c"), &exe, &[]);
-    let out = run_with(&mut Command::new(&exe), true, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let done: u32 = stdout.trim().strip_prefix("overflow ok ").unwrap_or_else(|| panic!("{stdout}")).parse().unwrap();
-    assert!(done >= 5, "only {done} overflows across a slab boundary were set up: {stdout}");
+    let done = c_count_under_preload("overflow", "overflow ok");
+    assert!(done >= 5, "only {done} overflows across a slab boundary were set up");
 }
 
 #[test]
