@@ -192,8 +192,22 @@ fn init_slow() -> bool {
     ok
 }
 
+/// `EDGEPOOL_STATS` at exit: the report on stderr, or JSON into the file of `json:PATH`.
 extern "C" fn print_stats_at_exit() {
-    stats::write_report(2, &stats());
+    let s = stats();
+    if options().get(options::STATS) != options::STATS_JSON {
+        return stats::write_report(2, &s);
+    }
+    os::for_each_option(|name, value| {
+        let Some(path) = value.strip_prefix(b"json:").filter(|_| name == b"STATS") else { return };
+        match os::open_write(path) {
+            Some(fd) => {
+                stats::write_json(fd, &s);
+                os::close(fd);
+            }
+            None => os::write_stderr(b"edgepool: EDGEPOOL_STATS=json: cannot create the file\n"),
+        }
+    });
 }
 
 /// The options in effect (defaults before initialisation).

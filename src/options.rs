@@ -13,7 +13,12 @@ pub enum Kind {
     Bool,
     /// A file name: the table keeps 1 when it is set (the module that uses it reads the name itself).
     Path,
+    /// A boolean, or `json:PATH` (kept as [`STATS_JSON`]; the path is read again when it is used).
+    Stats,
 }
+
+/// `EDGEPOOL_STATS=json:PATH`.
+pub const STATS_JSON: u64 = 2;
 
 pub struct OptionDef {
     pub name: &'static str,
@@ -73,9 +78,9 @@ pub const OPTIONS: [OptionDef; 15] = [
     },
     OptionDef {
         name: "STATS",
-        kind: Kind::Bool,
+        kind: Kind::Stats,
         default: 0,
-        description: "print edgepool's statistics to stderr at process exit",
+        description: "at process exit, print edgepool's statistics to stderr (1), or write them as one JSON object to a file (json:PATH)",
     },
     OptionDef {
         name: "LOAD_PHASE",
@@ -286,6 +291,11 @@ impl Values {
                         Err("it must be a file name of 1 to 4095 bytes")
                     }
                     Kind::Path => Ok(1),
+                    Kind::Stats => match value.strip_prefix(b"json:") {
+                        Some(path) if !path.is_empty() && path.len() < 4096 => Ok(STATS_JSON),
+                        Some(_) => Err("json: needs a file name of 1 to 4095 bytes"),
+                        None => parse_bool(value).map(u64::from).ok_or("it is 1/0 (or true/false...) or json:PATH"),
+                    },
                 };
                 self.0[i] = parsed.and_then(|v| validate(i, v))?;
                 return Ok(true);
@@ -302,6 +312,18 @@ impl Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_takes_a_boolean_or_a_json_file() {
+        let mut v = Values::defaults();
+        assert_eq!(v.apply(b"STATS", b"1"), Ok(true));
+        assert_eq!(v.get(STATS), 1);
+        assert_eq!(v.apply(b"STATS", b"json:/tmp/s.json"), Ok(true));
+        assert_eq!(v.get(STATS), STATS_JSON);
+        assert!(v.apply(b"STATS", b"json:").is_err());
+        assert!(v.apply(b"STATS", b"xml:/tmp/s").is_err());
+        assert_eq!(v.get(STATS), STATS_JSON);
+    }
 
     #[test]
     fn sizes() {

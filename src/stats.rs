@@ -103,6 +103,18 @@ pub fn write_report(fd: libc::c_int, s: &Stats) {
     }
 }
 
+/// Writes `s` to `fd` as one JSON object (`{"os_bytes": N, ...}`, the fields of [`Stats::fields`]),
+/// without allocating.
+pub fn write_json(fd: libc::c_int, s: &Stats) {
+    os::write_fd(fd, b"{");
+    for (i, (name, v)) in s.fields().enumerate() {
+        let mut m = os::MsgBuf::new();
+        m.str(if i == 0 { "\n  \"" } else { ",\n  \"" }).str(name).str("\": ").num(v as u64);
+        os::write_fd(fd, m.as_bytes());
+    }
+    os::write_fd(fd, b"\n}\n");
+}
+
 /// A full statistics report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

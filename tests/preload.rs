@@ -352,6 +352,22 @@ fn stats_struct_from_c_matches_the_report() {
 }
 
 #[test]
+fn stats_at_exit_as_json() {
+    let dir = tmp_dir("stats-json");
+    let path = dir.join("s.json");
+    let spec = format!("json:{}", path.display());
+    let out = run_with(Command::new("sh").args(["-c", "ls / > /dev/null"]), true, &[("EDGEPOOL_STATS", &spec)]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Python's json module reads it: an object of the report's 25 figures, all numbers.
+    let check = Command::new("python3")
+        .args(["-c", "import json,sys; d=json.load(open(sys.argv[1])); assert all(isinstance(v,int) for v in d.values()); print(len(d), d['slab_refills'] > 0)"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "25 True", "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+#[test]
 fn cxx_under_preload() {
     let dir = tmp_dir("cxx");
     let exe = dir.join("cxx");
