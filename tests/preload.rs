@@ -324,10 +324,12 @@ fn stats_struct_from_c_matches_the_report() {
     let dir = tmp_dir("stats");
     let exe = dir.join("stats");
     let include = format!("-I{}", root.join("cdylib/include").display());
+    let libdir = lib().parent().unwrap().to_str().unwrap().to_owned();
     compile_c(
         &root.join("tests/c/stats.c"),
         &exe,
-        &[&include, "-L", lib().parent().unwrap().to_str().unwrap(), "-ledgepool"],
+        // The run-time path too: cargo's library path for tests need not hold this build of the library.
+        &[&include, "-L", &libdir, &format!("-Wl,-rpath,{libdir}"), "-ledgepool"],
     );
     let out = run_with(&mut Command::new(&exe), true, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
