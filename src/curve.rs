@@ -9,7 +9,7 @@
 //! ```
 //!
 //! - `t_ms`: milliseconds since the curve started;
-//! - `rss_bytes`: the process's resident set (`/proc/self/statm`);
+//! - `rss_bytes`: the process's resident set (`/proc/self/statm`, `os::rss_bytes`);
 //! - `in_use_bytes`: bytes in allocated heap blocks (slabs whole) and direct mappings;
 //! - `os_bytes`: bytes edgepool holds from the OS (what the budget caps: in use, plus free memory not
 //!   yet purged);
@@ -61,15 +61,11 @@ fn poll_slow() {
     if opts.get(options::CURVE) == 0 {
         return;
     }
-    let mut done = false;
-    os::for_each_option(|name, value| {
-        if name == b"CURVE" && !done {
-            done = true;
-            if let Err(why) = start_path(value, opts.get(options::CURVE_MS).saturating_mul(1_000_000)) {
-                let mut m = os::MsgBuf::new();
-                m.str("edgepool: EDGEPOOL_CURVE: ").str(why).str("\n");
-                os::write_stderr(m.as_bytes());
-            }
+    os::with_option(b"CURVE", |path| {
+        if let Err(why) = start_path(path, opts.get(options::CURVE_MS).saturating_mul(1_000_000)) {
+            let mut m = os::MsgBuf::new();
+            m.str("edgepool: EDGEPOOL_CURVE: ").str(why).str("\n");
+            os::write_stderr(m.as_bytes());
         }
     });
 }
@@ -133,10 +129,8 @@ extern "C" fn sampler(_: *mut c_void) -> *mut c_void {
 
 /// Writes one line of the curve to `fd`.
 fn sample(fd: i32) {
+    let rss = os::rss_bytes() as u64;
     let mut buf = [0u8; 4096];
-    let n = os::read_small_file(c"/proc/self/statm", &mut buf[..256]);
-    // statm: size resident shared text lib data dt (pages).
-    let rss = field(&buf[..n], 1).unwrap_or(0).saturating_mul(os::os_page_size() as u64);
     let n = os::read_small_file(c"/proc/meminfo", &mut buf);
     let avail = meminfo(&buf[..n], b"MemAvailable:").unwrap_or(0).saturating_mul(1024);
     let s = heap::stats();
@@ -146,11 +140,6 @@ fn sample(fd: i32) {
     m.num(t_ms).str(",").num(rss).str(",").num(in_use as u64).str(",").num(s.os_bytes as u64).str(",");
     m.num(avail).str(",").num(u64::from(phase_state::any_active())).str("\n");
     os::write_fd(fd, m.as_bytes());
-}
-
-/// The `i`-th space-separated number of `text`.
-fn field(text: &[u8], i: usize) -> Option<u64> {
-    text.split(|&c| c == b' ' || c == b'\n').filter(|w| !w.is_empty()).nth(i).and_then(options::parse_u64)
 }
 
 /// The number after `key` in `/proc/meminfo`'s text (kB).
@@ -167,7 +156,6 @@ mod tests {
 
     #[test]
     fn proc_text_is_parsed() {
-        assert_eq!(field(b"12345 678 90 1 0 200 0\n", 1), Some(678));
         let mi = b"MemTotal:       24000000 kB\nMemFree:         100 kB\nMemAvailable:   20000000 kB\n";
         assert_eq!(meminfo(mi, b"MemAvailable:"), Some(20_000_000));
         assert_eq!(meminfo(mi, b"SwapTotal:"), None);

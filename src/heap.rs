@@ -198,8 +198,8 @@ extern "C" fn print_stats_at_exit() {
     if options().get(options::STATS) != options::STATS_JSON {
         return stats::write_report(2, &s);
     }
-    os::for_each_option(|name, value| {
-        let Some(path) = value.strip_prefix(b"json:").filter(|_| name == b"STATS") else { return };
+    os::with_option(b"STATS", |value| {
+        let Some(path) = value.strip_prefix(b"json:") else { return };
         match os::open_write(path) {
             Some(fd) => {
                 stats::write_json(fd, &s);

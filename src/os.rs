@@ -628,45 +628,35 @@ pub fn for_each_option(mut f: impl FnMut(&[u8], &[u8])) {
     if buf.is_null() {
         return;
     }
-    // SAFETY: the path is a NUL-terminated literal; reads go into our own mapping of CAP bytes.
+    // SAFETY: `buf` is our own fresh mapping of CAP bytes, unmapped only after its last use.
     unsafe {
-        let fd = libc::open(c"/proc/self/environ".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            let mut len = 0usize;
-            while len < CAP {
-                let n = libc::read(fd, buf.add(len).cast(), CAP - len);
-                if n <= 0 {
-                    break;
-                }
-                len += n as usize;
-            }
-            libc::close(fd);
-            let data = core::slice::from_raw_parts(buf, len);
-            for entry in data.split(|&c| c == 0) {
-                visit(entry);
-            }
+        let data = core::slice::from_raw_parts_mut(buf, CAP);
+        let len = read_small_file(c"/proc/self/environ", data);
+        for entry in data[..len].split(|&c| c == 0) {
+            visit(entry);
         }
         unmap(buf, CAP);
     }
 }
 
+/// Calls `f` with the value of the first `EDGEPOOL_<name>` of the environment, if there is one (see
+/// [`for_each_option`]).
+pub fn with_option(name: &[u8], f: impl FnOnce(&[u8])) {
+    let mut f = Some(f);
+    for_each_option(|n, value| {
+        if n == name {
+            if let Some(f) = f.take() {
+                f(value);
+            }
+        }
+    });
+}
+
 /// Resident set size of this process in bytes, from `/proc/self/statm` (for statistics and tests).
 pub fn rss_bytes() -> usize {
     let mut buf = [0u8; 128];
-    // SAFETY: path literal is NUL-terminated; we read at most buf.len() bytes into our buffer.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return 0;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    if n <= 0 {
-        return 0;
-    }
-    let text = &buf[..n as usize];
+    let n = read_small_file(c"/proc/self/statm", &mut buf);
+    let text = &buf[..n];
     let mut fields = text.split(|&c| c == b' ');
     fields.next();
     let resident = fields.next().unwrap_or(b"").iter().take_while(|c| c.is_ascii_digit());
