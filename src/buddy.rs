@@ -233,6 +233,11 @@ impl Buddy {
         unsafe { self.add_block(idx, self.top) };
     }
 
+    /// Pages below the frontier that are the heap's (committed): all but the holes.
+    pub fn committed_pages(&self) -> u32 {
+        self.frontier - self.hole_pages
+    }
+
     /// Skips `n` pages at the frontier that are not the heap's (a hole, see [`PageKind::Outside`]).
     ///
     /// # Safety

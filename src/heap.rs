@@ -50,7 +50,7 @@ const FAILED: u8 = 2;
 /// Before that `span == 0`, so no pointer is "in the heap". One cache line, read-mostly.
 ///
 /// Publication: `base` and `map` are stored first, then `span` with release ordering; every reader
-/// loads `span` with acquire ordering first ([`page_kind`]), so a reader that sees a non-zero span
+/// loads `span` with acquire ordering first ([`page_kind_off`]), so a reader that sees a non-zero span
 /// also sees the `base` and `map` stored before it (an acquire load is a plain load on x86 and arm64
 /// with LSE: the fast path pays nothing for it).
 #[repr(C, align(64))]
@@ -218,15 +218,16 @@ pub fn options() -> Values {
     with_heap(|h| h.opts)
 }
 
-/// The kind of the page holding `p`, or `None` when `p` is outside the region. Lock-free: for a live
-/// block of the caller, the entry was written before the block was handed out and does not change
-/// while it lives.
-#[inline(always)]
+/// The kind of the page holding `p`, or `None` when `p` is outside the region (for tests; the
+/// allocator uses [`page_kind_off`]).
+#[cfg(test)]
 pub fn page_kind(p: usize) -> Option<PageKind> {
     page_kind_off(p).map(|(k, _)| k)
 }
 
-/// [`page_kind`], with `p`'s offset in the region (for [`slab_at`]).
+/// The kind of the page holding `p` and `p`'s offset in the region (for [`slab_at`]), or `None` when
+/// `p` is outside the region. Lock-free: for a live block of the caller, the entry was written before
+/// the block was handed out and does not change while it lives.
 #[inline(always)]
 pub fn page_kind_off(p: usize) -> Option<(PageKind, usize)> {
     // Acquire first: see `Region`.
@@ -253,19 +254,17 @@ pub fn slab_at(off: usize) -> *mut Slab {
 /// meaningful only where the page map says `Slab`.
 ///
 /// # Safety
-/// - `p` lies inside the region ([`page_kind`] is `Some` for it, on this thread).
+/// - `p` lies inside the region ([`page_kind_off`] is `Some` for it, on this thread).
 #[inline(always)]
 pub unsafe fn slab_of(p: *mut u8) -> *mut Slab {
-    let off = p as usize - REGION.base.load(Ordering::Relaxed);
-    // SAFETY: p is in the region, so its 64 KiB index is below span >> SLAB_SHIFT, which the table's
-    // entries cover.
-    unsafe { REGION.slabs.load(Ordering::Relaxed).add((off >> SLAB_SHIFT) << SLAB_META_SHIFT).cast() }
+    // p is in the region (contract), so its offset is one `page_kind_off` would give.
+    slab_at(p as usize - REGION.base.load(Ordering::Relaxed))
 }
 
 /// The page-map entry of the page holding `p`.
 ///
 /// # Safety
-/// - `p` lies inside the region ([`page_kind`] is `Some` for it, on this thread, so that the region's
+/// - `p` lies inside the region ([`page_kind_off`] is `Some` for it, on this thread, so that the region's
 ///   publication is visible).
 #[inline(always)]
 unsafe fn page_entry(p: usize) -> *mut PageEntry {
@@ -286,7 +285,7 @@ fn index_of(p: usize) -> u32 {
 
 impl Inner {
     fn os_bytes(&self) -> usize {
-        let committed = ((self.buddy.frontier - self.buddy.hole_pages) as usize) * PAGE;
+        let committed = self.buddy.committed_pages() as usize * PAGE;
         committed - self.buddy.free_bytes + self.buddy.dirty_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
     }
 
@@ -406,6 +405,22 @@ impl Inner {
         self.over_since = 0;
     }
 
+    /// Gives back, with `flags`, what [`Inner::alloc`] just took: the run of `run` pages at `idx` if
+    /// `run > 0`, else the block of `order` at `idx`.
+    ///
+    /// # Safety
+    /// - it was taken by the `alloc` under way, and nobody else knows it.
+    unsafe fn give_back(&mut self, idx: u32, order: u32, run: u32, flags: u8) {
+        // SAFETY: the caller's contract: these pages are ours to free, once.
+        unsafe {
+            if run > 0 {
+                self.buddy.release_range(idx, idx + run, flags);
+            } else {
+                self.buddy.free(idx, order, flags);
+            }
+        }
+    }
+
     /// Allocates a block of `order` marked `kind` or, for `kind == Large`, a run of `run` pages
     /// aligned to `order`; grows the region and honours the budget.
     fn alloc(&mut self, order: u32, kind: PageKind, run: u32) -> Option<(u32, u8)> {
@@ -436,14 +451,8 @@ impl Inner {
             };
             // SAFETY: the block or run was just allocated and nobody else knows it.
             if flags & SEALED != 0 && !unsafe { os::protect(addr_of(idx) as *mut u8, bytes, true) } {
-                // SAFETY: as above; given back as it was taken.
-                unsafe {
-                    if large {
-                        self.buddy.release_range(idx, idx + run, flags);
-                    } else {
-                        self.buddy.free(idx, order, flags);
-                    }
-                }
+                // SAFETY: as above.
+                unsafe { self.give_back(idx, order, run, flags) };
                 stats::add(&COUNTERS.oom_refusals, 1);
                 return None;
             }
@@ -454,13 +463,7 @@ impl Inner {
             if self.limit != 0 && self.os_bytes() > self.limit {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
                 // SAFETY: the block or run was just allocated above and nobody else knows it.
-                unsafe {
-                    if large {
-                        self.buddy.release_range(idx, idx + run, flags);
-                    } else {
-                        self.buddy.free(idx, order, flags);
-                    }
-                }
+                unsafe { self.give_back(idx, order, run, flags) };
                 if !purged && self.buddy.dirty_bytes > 0 {
                     self.purge_all();
                     purged = true;
@@ -701,7 +704,7 @@ pub fn stats() -> Stats {
     with_heap(|h| {
         s.os_bytes = h.os_bytes();
         s.peak_os_bytes = h.peak;
-        s.committed_bytes = ((h.buddy.frontier - h.buddy.hole_pages) as usize) * PAGE;
+        s.committed_bytes = h.buddy.committed_pages() as usize * PAGE;
         s.free_bytes = h.buddy.free_bytes;
         s.dirty_free_bytes = h.buddy.dirty_bytes;
         s.limit_bytes = h.limit;

@@ -182,6 +182,20 @@ impl Slab {
     /// - `this` is a live slab and `p` lies inside its block.
     #[inline(always)]
     pub unsafe fn index_of(this: *mut Slab, p: *mut u8) -> usize {
+        // SAFETY: forwarded contract.
+        match unsafe { Slab::slot_of(this, p as usize) } {
+            Some(idx) => idx,
+            None => os::invalid_pointer(p, "free(): pointer is not the start of a block"),
+        }
+    }
+
+    /// The slot index of address `p`, or `None` if `p` is not the start of one of the slab's slots
+    /// (any address may be asked about).
+    ///
+    /// # Safety
+    /// - `this` is a live slab.
+    #[inline(always)]
+    unsafe fn slot_of(this: *mut Slab, p: usize) -> Option<usize> {
         // SAFETY: the geometry fields of a live slab are immutable after init; they are read through
         // the raw pointer, without a reference to the header, whose owner fields the owner may be
         // writing meanwhile (this runs on remote frees too).
@@ -194,12 +208,9 @@ impl Slab {
                 (*this).nslots as usize,
             )
         };
-        let off = (p as usize).wrapping_sub(data + first);
+        let off = p.wrapping_sub(data + first);
         let idx = slot_index(off & (SLAB_SIZE - 1), recip);
-        if off >= SLAB_SIZE || idx * size != off || idx >= nslots {
-            os::invalid_pointer(p, "free(): pointer is not the start of a block");
-        }
-        idx
+        (off < SLAB_SIZE && idx * size == off && idx < nslots).then_some(idx)
     }
 
     /// Pushes `p` onto the remote-free list (any thread). Returns `true` when the caller set `QUEUED`
@@ -243,12 +254,8 @@ impl Slab {
             if next == 0 {
                 return 0;
             }
-            let off = next.wrapping_sub((*this).data as usize);
-            let (first, size, nslots) = ((*this).first as usize, (*this).size as usize, (*this).nslots as usize);
-            let ok = off >= first
-                && (off - first) % size == 0
-                && (off - first) / size < nslots
-                && ((next + MARK_OFFSET) as *const u64).read() == freed_mark();
+            // A slot start of this slab (checked first), so its mark word is readable.
+            let ok = Slab::slot_of(this, next).is_some() && ((next + MARK_OFFSET) as *const u64).read() == freed_mark();
             if !ok {
                 os::invalid_pointer(p, "free(): corrupted remote free list (a write after free?)");
             }

@@ -819,12 +819,13 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
             let stack = (&raw const (*r).stack).cast::<*mut u8>();
             for i in 0..top {
                 let p = *stack.add(i);
-                if heap::page_kind(p as usize) != Some(PageKind::Slab)
-                    || (*heap::slab_of(p)).owner != cache.cast::<u8>()
-                {
+                let s = match heap::page_kind_off(p as usize) {
+                    Some((PageKind::Slab, off)) => heap::slab_at(off),
+                    _ => return Err("a stacked slot is not in a slab of this cache"),
+                };
+                if (*s).owner != cache.cast::<u8>() {
                     return Err("a stacked slot is not in a slab of this cache");
                 }
-                let s = heap::slab_of(p);
                 if row_index((*s).row) != ri {
                     return Err("a stacked slot belongs to another row");
                 }
