@@ -88,7 +88,6 @@ fn snapshot() -> Start {
         t_ns: crate::os::now_ns(),
         os_bytes,
         large_allocs: LOAD_LARGE_ALLOCS.load(Ordering::Relaxed),
-        purged: COUNTERS.purged_bytes.load(Ordering::Relaxed),
         arena_allocs: arena::ALLOCS.load(Ordering::Relaxed),
     }
 }

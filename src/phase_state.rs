@@ -91,13 +91,11 @@ pub struct Start {
     pub t_ns: u64,
     pub os_bytes: usize,
     pub large_allocs: u64,
-    pub purged: usize,
     pub arena_allocs: u64,
 }
 
 static C_OPEN: AtomicUsize = AtomicUsize::new(0);
-static C_START: [AtomicU64; 5] =
-    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static C_START: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Counts one more open C phase; the outermost records `start`.
 pub fn c_open(start: Start) {
@@ -105,8 +103,7 @@ pub fn c_open(start: Start) {
         C_START[0].store(start.t_ns, Ordering::Relaxed);
         C_START[1].store(start.os_bytes as u64, Ordering::Relaxed);
         C_START[2].store(start.large_allocs, Ordering::Relaxed);
-        C_START[3].store(start.purged as u64, Ordering::Relaxed);
-        C_START[4].store(start.arena_allocs, Ordering::Relaxed);
+        C_START[3].store(start.arena_allocs, Ordering::Relaxed);
     }
 }
 
@@ -120,8 +117,7 @@ pub fn c_close() -> Option<Start> {
         t_ns: C_START[0].load(Ordering::Relaxed),
         os_bytes: C_START[1].load(Ordering::Relaxed) as usize,
         large_allocs: C_START[2].load(Ordering::Relaxed),
-        purged: C_START[3].load(Ordering::Relaxed) as usize,
-        arena_allocs: C_START[4].load(Ordering::Relaxed),
+        arena_allocs: C_START[3].load(Ordering::Relaxed),
     })
 }
 
