@@ -1,7 +1,7 @@
 //! The planner reads an ONNX model (feature `onnx`): a U-Net written by the test with tract's
 //! protobuf types, its intermediate tensors from tract's type inference and evaluation order.
 
-#[path = "common/tract_loader.rs"]
+#[path = "../../tests/common/tract_loader.rs"]
 mod tract_loader;
 
 use std::process::Command;
@@ -14,7 +14,7 @@ fn plans_the_intermediate_tensors_of_an_onnx_unet() {
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("unet.onnx");
     tract_loader::generate(model.to_str().unwrap(), 2);
-    let ts = plan::onnx::tensors_from_onnx(&model, None).unwrap();
+    let ts = edgepool_plan::onnx::tensors_from_onnx(&model, None).unwrap();
     // 4 levels x (2 convs + 2 relus + pool), bottleneck 2x(conv+relu), 4 x (convT, concat, 2x(conv+relu)),
     // the final conv, and the input: 20 + 4 + 24 + 1 + 1.
     assert_eq!(ts.len(), 50, "{:?}", ts.iter().map(|t| &t.id).collect::<Vec<_>>());

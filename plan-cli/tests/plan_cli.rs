@@ -1,4 +1,5 @@
-//! The `edgepool-plan` command line: the table, `--json`, and clear errors with line numbers.
+//! The `edgepool-plan` command line: the table, `--json`, `--exact`, and clear errors with line
+//! numbers.
 
 use std::process::Command;
 
@@ -7,7 +8,7 @@ fn run(args: &[&str]) -> std::process::Output {
 }
 
 fn shared(name: &str) -> String {
-    format!("{}/tests/data/plan/{name}.csv", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../tests/data/plan/{name}.csv", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn field(json: &str, key: &str) -> String {
@@ -65,6 +66,45 @@ fn bad_input_gets_a_clear_error_with_the_line() {
     }
     let out = run(&["--strategy", "magic", "x.csv"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown strategy 'magic'"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'magic'"));
+    let out = run(&["--align", "3", "x.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'3' is not a power of two"));
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn help_lists_every_option() {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for opt in ["--json", "--strategy", "--exact", "--align", "--budget-ms", "--seed", "--input-shape"] {
+        assert!(text.contains(opt), "missing {opt}: {text}");
+    }
+}
+
+/// `--exact` on a generated hard instance (written as a CSV): the JSON says the plan is proven
+/// optimal, at the bound the instance was cut to.
+#[test]
+fn exact_proves_a_small_hard_instance() {
+    use edgepool::plan::hard::{tiling, HardSpec};
+    let spec = HardSpec::new(30, 1);
+    let dir = std::env::temp_dir().join(format!("edgepool-plan-exact-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hard.csv");
+    let mut text = String::from("tensor_id,size_bytes,first_op,last_op\n");
+    for t in tiling(spec) {
+        text += &format!("{},{},{},{}\n", t.id, t.size, t.first, t.last);
+    }
+    std::fs::write(&path, text).unwrap();
+    let out = run(&["--json", "--exact", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(field(&json, "strategy"), "exact");
+    assert_eq!(field(&json, "proven_optimal"), "true");
+    assert_eq!(field(&json, "planned_bytes"), spec.bound.to_string());
+    assert_eq!(field(&json, "best_bound_bytes"), spec.bound.to_string());
     std::fs::remove_dir_all(&dir).unwrap();
 }

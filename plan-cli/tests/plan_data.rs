@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use edgepool::plan::{self, Budget, Strategy, Tensor};
 
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("data").join("plan")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("tests").join("data").join("plan")
 }
 
 fn load(name: &str) -> Vec<Tensor> {
@@ -16,7 +16,7 @@ fn load(name: &str) -> Vec<Tensor> {
 
 fn load_from(dir: &std::path::Path, name: &str) -> Vec<Tensor> {
     let text = std::fs::read_to_string(dir.join(format!("{name}.csv"))).unwrap();
-    plan::csv::parse(&text, 1).unwrap()
+    edgepool_plan::read_csv(&text, 1).unwrap()
 }
 
 #[test]
@@ -79,6 +79,29 @@ fn planned_arena_for_deeplab() {
         for (i, t) in ts.iter().enumerate().filter(|(_, t)| t.first <= op && op <= t.last) {
             let s = arena.slice(&t.id).unwrap();
             assert!(s.iter().all(|&x| x == i as u8), "tensor {} clobbered at op {op}", t.id);
+        }
+    }
+}
+
+/// Real networks stay instant: on every dataset a small amount of work (the greedy orders, at most
+/// 2 000 branch-and-bound nodes, no local search; no time limit, so the result does not depend on the
+/// machine) reaches the bound and proves the plan optimal. (Times are in `cargo bench --bench plan`.)
+#[test]
+fn every_dataset_at_the_bound_with_little_work() {
+    let no_search = Budget { max_steps: 0, max_nodes: 2_000, max_time: std::time::Duration::from_secs(3600), seed: 1 };
+    let mut names: Vec<String> = std::fs::read_dir(data_dir())
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .filter_map(|f| f.strip_suffix(".csv").map(str::to_owned))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 6, "{names:?}");
+    for name in names {
+        let ts = load(&name);
+        for s in [Strategy::Search, Strategy::Exact] {
+            let p = plan::plan_with(&ts, s, no_search).unwrap();
+            assert_eq!(p.arena_size, p.lower_bound, "{name} {s:?}");
+            assert!(p.proven_optimal && p.best_bound == p.lower_bound, "{name} {s:?}");
         }
     }
 }

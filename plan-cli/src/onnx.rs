@@ -12,7 +12,7 @@ use std::path::Path;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::konst::Const;
 
-use super::Tensor;
+use edgepool::plan::Tensor;
 
 /// The intermediate tensors of the ONNX model at `path`. `input_shape`, if given, fixes the shape of
 /// the model's first input, as `f32` (for models with symbolic dimensions such as a batch size).

@@ -1,0 +1,112 @@
+//! Planner benchmarks. Run: `cargo bench --bench plan` (about three minutes).
+//!
+//! 1. Instances hard by construction (`edgepool::plan::hard`, optimum = lower bound): one run each of
+//!    greedy (the better of TensorFlow Lite's two), `search` (1 s) and `exact` (2 s), printed as a
+//!    Markdown table of ratios to the optimum and times (set `PLAN_HARD=0` to skip it).
+//! 2. criterion: every dataset of `tests/data/plan` with `search` and `exact` (target: under 10 ms),
+//!    and 10 000 random tensors with each strategy (200 ms budget).
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use edgepool::plan::{self, Budget, Strategy, Tensor};
+
+fn load(name: &str) -> Vec<Tensor> {
+    let path = format!("{}/../tests/data/plan/{name}.csv", env!("CARGO_MANIFEST_DIR"));
+    edgepool_plan::read_csv(&std::fs::read_to_string(path).unwrap(), 1).unwrap()
+}
+
+/// 10 000 tensors over 2 000 ops: mostly short-lived activations, some long skips, sizes 1 KiB..4 MiB.
+fn random_tensors(n: usize) -> Vec<Tensor> {
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|i| {
+            let first = (next() % 2000) as u32;
+            let len = if next() % 10 == 0 { next() % 200 } else { next() % 4 } as u32;
+            Tensor::new(format!("t{i}"), 1024 + next() % (4 << 20), first, first + len)
+        })
+        .collect()
+}
+
+/// One run per instance and strategy: the plan's ratio to the optimum and the time it took.
+fn hard_table() {
+    use edgepool::plan::hard::{guillotine, tiling, HardSpec};
+    use std::time::Instant;
+    println!("| instance | tensors | greedy | search (1 s) | search ms | exact (2 s) | exact ms | proven |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let (mut gsum, mut ssum, mut esum, mut count, mut proven) = (0.0, 0.0, 0.0, 0.0, 0);
+    for kind in ["guillotine", "tiling"] {
+        for n in [40, 100, 200, 400] {
+            for seed in 0..3 {
+                let spec = HardSpec::new(n, seed);
+                let ts = if kind == "guillotine" { guillotine(spec) } else { tiling(spec) };
+                let opt = spec.bound as f64;
+                let run = |s: Strategy, ms: u64| {
+                    let t0 = Instant::now();
+                    let p =
+                        plan::plan_with(&ts, s, Budget { max_time: Duration::from_millis(ms), ..Budget::default() })
+                            .unwrap();
+                    (p.arena_size as f64 / opt, t0.elapsed().as_secs_f64() * 1e3, p.proven_optimal)
+                };
+                let g = run(Strategy::GreedyBySize, 0).0.min(run(Strategy::GreedyByBreadth, 0).0);
+                let (s, s_ms, _) = run(Strategy::Search, 1000);
+                let (e, e_ms, e_proven) = run(Strategy::Exact, 2000);
+                println!(
+                    "| {kind} {n}/{seed} | {} | {g:.3} | {s:.3} | {s_ms:.1} | {e:.3} | {e_ms:.1} | {} |",
+                    ts.len(),
+                    if e_proven { "yes" } else { "no" }
+                );
+                gsum += g.ln();
+                ssum += s.ln();
+                esum += e.ln();
+                count += 1.0;
+                proven += e_proven as u32;
+            }
+        }
+    }
+    let gm = |x: f64| (x / count).exp();
+    println!("| geometric mean | | {:.3} | {:.3} | | {:.3} | | {proven}/{count} |", gm(gsum), gm(ssum), gm(esum));
+}
+
+fn bench(c: &mut Criterion) {
+    if std::env::var("PLAN_HARD").map_or(true, |v| v != "0") {
+        hard_table();
+    }
+    let mut g = c.benchmark_group("plan_dataset");
+    let dir = format!("{}/../tests/data/plan", env!("CARGO_MANIFEST_DIR"));
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok()?.strip_suffix(".csv").map(str::to_owned))
+        .collect();
+    names.sort();
+    for name in &names {
+        let ts = load(name);
+        for s in [Strategy::Search, Strategy::Exact] {
+            g.bench_function(BenchmarkId::new(s.name(), name), |b| {
+                b.iter(|| plan::plan_with(&ts, s, Budget::exact()).unwrap())
+            });
+        }
+    }
+    g.finish();
+    let ts = random_tensors(10_000);
+    let mut g = c.benchmark_group("plan_random_10k");
+    g.sample_size(10).measurement_time(Duration::from_secs(8));
+    let budget = Budget { max_time: Duration::from_millis(200), ..Budget::default() };
+    for s in [Strategy::GreedyBySize, Strategy::GreedyByBreadth, Strategy::Search] {
+        g.bench_function(s.name(), |b| b.iter(|| plan::plan_with(&ts, s, budget).unwrap()));
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    targets = bench
+}
+criterion_main!(benches);

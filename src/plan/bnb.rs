@@ -1,0 +1,929 @@
+//! Exact search for plans: a branch and bound over the lowest point of the skyline, in the family of
+//! MiniMalloc (Moffitt, ASPLOS 2023: search over canonical solutions with inference per section), and
+//! a time sweep for the instances whose every op is full.
+//!
+//! **Sections.** Ops are compressed into sections: maximal runs of ops with the same live tensors.
+//!
+//! **The point search (`Search`).** The state is a floor per section (the highest end placed there,
+//! or more where space was left empty). At the lowest floor `m` among sections with tensors left to
+//! place, pick the section where fewest tensors can start (ties: earliest), and branch: either one of
+//! the tensors covering it starts exactly at `m` (every floor under its lifetime is at most `m`, and
+//! its alignment allows it), or nothing starts there and its floor rises to the lowest offset the
+//! lowest tensor covering it could then take. Completeness, by induction on any valid plan P: every
+//! floor stays at or below the offset in P of every unplaced tensor covering it; the tensor of P
+//! starting at `(section, m)`, if any, has everything below it placed (all unplaced tensors lie at `m`
+//! or above) and is therefore a branch. So the search explores every plan's shape; tensors alike in
+//! size, lifetime and alignment are tried once.
+//!
+//! **Pruning** (inference per section): a section's unplaced bytes lie above its floor and above the
+//! lowest offset any of its unplaced tensors can take, so that plus its unplaced bytes must fit the
+//! capacity. `Domains` sharpens "the lowest offset a tensor can take" with subset sums where sections
+//! have little spare room.
+//!
+//! **The sweep (`Sweep`).** Sections in time order, each starting tensor into the free holes. Complete
+//! when every section is full at the capacity (then every hole is exactly tiled by the tensors that
+//! start there); a heuristic otherwise.
+//!
+//! **Driver.** A decision search (is there a plan within `cap`?) at the lower bound, by the sweep and
+//! by the point search, and an optimisation search (`cap` = best known − 1, lowered at each plan
+//! found), alternate over several preorders with node limits that double each round: restarts. A
+//! point search that ends without hitting its node limit has explored every plan within its capacity:
+//! its answer is a proof.
+
+use std::time::Instant;
+
+use super::Tensor;
+
+const NONE: u64 = u64::MAX;
+
+/// Tensors beyond which the branch and bound is not tried (its tables grow with the overlaps).
+pub(super) const MAX_TENSORS: usize = 4000;
+/// Section memberships beyond which it is not tried.
+const MAX_ENTRIES: usize = 16 << 20;
+/// Depth of the search (placements and decisions to leave space empty) beyond which it gives up; the
+/// search runs on a thread whose stack holds this many frames.
+const MAX_DEPTH: u32 = 100_000;
+const STACK_BYTES: usize = 256 << 20;
+
+/// The instance, compressed to sections.
+///
+/// Invariants: `lo[b] < hi[b] <= nsec`; `members[s]` lists the tensors whose range contains `s`; every size is > 0
+/// (zero-sized tensors go at offset 0 and are left out).
+struct Problem {
+    /// Index of each problem tensor in the caller's slice.
+    index: Vec<usize>,
+    size: Vec<u64>,
+    align: Vec<u64>,
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    members: Vec<Vec<u32>>,
+    /// Bytes live in each section.
+    section_total: Vec<u64>,
+}
+
+impl Problem {
+    fn new(tensors: &[Tensor]) -> Option<Problem> {
+        let index: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].size > 0).collect();
+        if index.len() > MAX_TENSORS {
+            return None;
+        }
+        let mut points: Vec<u64> = Vec::with_capacity(index.len() * 2);
+        for &i in &index {
+            points.push(tensors[i].first as u64);
+            points.push(tensors[i].last as u64 + 1);
+        }
+        points.sort_unstable();
+        points.dedup();
+        let nsec = points.len().saturating_sub(1);
+        let at = |p: u64| points.binary_search(&p).expect("every end point was collected") as u32;
+        let lo: Vec<u32> = index.iter().map(|&i| at(tensors[i].first as u64)).collect();
+        let hi: Vec<u32> = index.iter().map(|&i| at(tensors[i].last as u64 + 1)).collect();
+        let n = index.len();
+        let mut entries = 0usize;
+        let mut members = vec![Vec::new(); nsec];
+        let mut section_total = vec![0u64; nsec];
+        for b in 0..n {
+            entries += (hi[b] - lo[b]) as usize;
+            if entries > MAX_ENTRIES {
+                return None;
+            }
+            for s in lo[b]..hi[b] {
+                members[s as usize].push(b as u32);
+                section_total[s as usize] += tensors[index[b]].size;
+            }
+        }
+        Some(Problem {
+            size: index.iter().map(|&i| tensors[i].size).collect(),
+            align: index.iter().map(|&i| tensors[i].align.max(1)).collect(),
+            index,
+            lo,
+            hi,
+            members,
+            section_total,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.size.len()
+    }
+
+    /// Preorders (a rank per tensor), in the order the driver tries them: by the fullest section a
+    /// tensor is in, by size, by area, by lifetime.
+    fn preorders(&self) -> Vec<Vec<u32>> {
+        let n = self.len();
+        let span = |b: usize| (self.hi[b] - self.lo[b]) as u64;
+        let fullest: Vec<u64> = (0..n)
+            .map(|b| (self.lo[b]..self.hi[b]).map(|s| self.section_total[s as usize]).max().unwrap_or(0))
+            .collect();
+        type Key = (u64, u64, u64);
+        let keys: [&dyn Fn(usize) -> Key; 4] = [
+            &|b| (fullest[b], self.size[b], span(b)),
+            &|b| (self.size[b], span(b), 0),
+            &|b| ((self.size[b] as u128 * span(b) as u128).min(u64::MAX as u128) as u64, self.size[b], 0),
+            &|b| (span(b), self.size[b], 0),
+        ];
+        keys.iter()
+            .map(|key| {
+                let mut order: Vec<usize> = (0..n).collect();
+                // Largest key first; ties by index, so that every preorder is deterministic.
+                order.sort_by(|&a, &b| key(b).cmp(&key(a)).then(a.cmp(&b)));
+                let mut rank = vec![0u32; n];
+                for (r, &b) in order.iter().enumerate() {
+                    rank[b] = r as u32;
+                }
+                rank
+            })
+            .collect()
+    }
+}
+
+/// Bit sets over offsets in units of `Domains::unit` bytes.
+#[derive(Clone)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn ones(len: usize) -> Bits {
+        let mut b = Bits(vec![u64::MAX; len.div_ceil(64)]);
+        b.truncate(len);
+        b
+    }
+
+    fn zeros(len: usize) -> Bits {
+        Bits(vec![0; len.div_ceil(64)])
+    }
+
+    /// Clears every bit at or above `len`.
+    fn truncate(&mut self, len: usize) {
+        for (w, word) in self.0.iter_mut().enumerate() {
+            let lo = w * 64;
+            if lo >= len {
+                *word = 0;
+            } else if len - lo < 64 {
+                *word &= (1u64 << (len - lo)) - 1;
+            }
+        }
+    }
+
+    fn get(&self, i: usize) -> bool {
+        self.0.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+
+    /// The lowest set bit at or above `from`.
+    fn next(&self, from: usize) -> Option<usize> {
+        let mut w = from / 64;
+        let mut word = *self.0.get(w)? & (u64::MAX << (from % 64));
+        loop {
+            if word != 0 {
+                return Some(w * 64 + word.trailing_zeros() as usize);
+            }
+            w += 1;
+            word = *self.0.get(w)?;
+        }
+    }
+
+    /// `self |= self << k` (bits pushed past the end are dropped).
+    fn or_shifted(&mut self, k: usize) {
+        let (words, bits) = (k / 64, k % 64);
+        for w in (0..self.0.len()).rev() {
+            let mut v = 0;
+            if w >= words {
+                v = self.0[w - words] << bits;
+                if bits > 0 && w > words {
+                    v |= self.0[w - words - 1] >> (64 - bits);
+                }
+            }
+            self.0[w] |= v;
+        }
+    }
+
+    /// Every offset at most `k` above a member.
+    fn dilate(&mut self, k: usize) {
+        let mut covered = 1;
+        while covered <= k {
+            let step = covered.min(k + 1 - covered);
+            self.or_shifted(step);
+            covered += step;
+        }
+    }
+
+    fn and(&mut self, o: &Bits) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a &= *b;
+        }
+    }
+}
+
+/// Where each tensor can start in a plan within a capacity, from sums alone: in every section of its
+/// lifetime, the tensors below it there are some of the section's other tensors, and the space left
+/// empty below it is at most the section's spare bytes (capacity minus the bytes live there). So its
+/// offset is a subset sum of the section's other sizes plus at most the spare, in each section. Where
+/// sections are full (no spare), this pins most offsets down to a handful of values.
+///
+/// Invariants: `unit` divides every size and the capacity; `of[b]` has a bit per unit offset up to
+/// `capacity - size[b]`, set where `b` may start.
+struct Domains {
+    unit: u64,
+    of: Vec<Bits>,
+}
+
+/// Offsets per domain beyond which domains are not computed (their tables would be too large).
+const MAX_DOMAIN_UNITS: u64 = 1 << 16;
+const MAX_DOMAIN_WORDS: usize = 4 << 20;
+
+impl Domains {
+    fn new(p: &Problem, cap: u64) -> Option<Domains> {
+        let unit = p.size.iter().fold(cap, |g, &x| gcd(g, x));
+        if unit == 0 || cap / unit > MAX_DOMAIN_UNITS || p.len() * (cap / unit) as usize / 64 > MAX_DOMAIN_WORDS {
+            return None;
+        }
+        let units = (cap / unit) as usize;
+        let mut of: Vec<Bits> = (0..p.len()).map(|b| Bits::ones(units + 1 - (p.size[b] / unit) as usize)).collect();
+        for (s, members) in p.members.iter().enumerate() {
+            let spare = ((cap - p.section_total[s].min(cap)) / unit) as usize;
+            if spare >= units {
+                continue;
+            }
+            for &c in members {
+                let mut sums = Bits::zeros(units + 1);
+                sums.0[0] = 1;
+                for &o in members {
+                    if o != c {
+                        sums.or_shifted((p.size[o as usize] / unit) as usize);
+                    }
+                }
+                sums.dilate(spare);
+                of[c as usize].and(&sums);
+            }
+        }
+        Some(Domains { unit, of })
+    }
+
+    /// The lowest offset at or above `from` (a multiple of the unit or not) where `b` may start.
+    fn next(&self, b: usize, from: u64) -> u64 {
+        match self.of[b].next(from.div_ceil(self.unit) as usize) {
+            Some(i) => i as u64 * self.unit,
+            None => NONE,
+        }
+    }
+
+    fn allows(&self, b: usize, at: u64) -> bool {
+        at % self.unit == 0 && self.of[b].get((at / self.unit) as usize)
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// How a search ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// Decision search: a plan within the capacity was found.
+    Found,
+    /// Every plan within the capacity in force was explored (none left, or none at all).
+    Exhausted,
+    /// The node limit or the deadline stopped it.
+    Limit,
+}
+
+/// One depth-first search.
+///
+/// Invariants: `offset[b] == NONE` exactly for the unplaced tensors; `floor[s]` is the highest end
+/// placed in section `s`, or more where the search decided that the space below stays empty;
+/// `left[s]` is the bytes of `s`'s unplaced tensors; `height` is the highest end placed.
+struct Search<'p> {
+    p: &'p Problem,
+    rank: &'p [u32],
+    /// Where each tensor may start within `cap` (or a larger capacity), if computed.
+    dom: Option<&'p Domains>,
+    cap: u64,
+    /// Stop at the first plan within `cap` (decision), or lower `cap` below each plan found.
+    decision: bool,
+    /// A plan at this size is optimal: stop there.
+    floor_of_plans: u64,
+    offset: Vec<u64>,
+    floor: Vec<u64>,
+    left: Vec<u64>,
+    placed: usize,
+    height: u64,
+    /// Undo log: (section, old floor).
+    floor_log: Vec<(u32, u64)>,
+    /// Scratch of `feasible`: the lowest offset any unplaced tensor can take in each section, and
+    /// each unplaced tensor's lowest offset (`rest`).
+    low: Vec<u64>,
+    rest_of: Vec<u64>,
+    nodes_left: u64,
+    /// Frames of `node` on the stack (bounded by `MAX_DEPTH`).
+    depth: u32,
+    deadline: Instant,
+    /// The best plan found by this search: offsets per problem tensor, and its size.
+    best: Option<(Vec<u64>, u64)>,
+}
+
+impl<'p> Search<'p> {
+    fn new(p: &'p Problem, rank: &'p [u32], cap: u64, decision: bool, nodes: u64, deadline: Instant) -> Self {
+        let n = p.len();
+        Search {
+            p,
+            rank,
+            dom: None,
+            cap,
+            decision,
+            floor_of_plans: 0,
+            offset: vec![NONE; n],
+            floor: vec![0; p.members.len()],
+            left: p.section_total.clone(),
+            placed: 0,
+            height: 0,
+            floor_log: Vec::new(),
+            low: vec![NONE; p.members.len()],
+            rest_of: vec![0; n],
+            nodes_left: nodes,
+            depth: 0,
+            deadline,
+            best: None,
+        }
+    }
+
+    fn run(&mut self) -> End {
+        if self.p.len() == 0 {
+            self.best = Some((Vec::new(), 0));
+            return End::Found;
+        }
+        if !self.feasible() {
+            return End::Exhausted;
+        }
+        self.node()
+    }
+
+    /// The lowest offset `c` can take now: the highest floor under its lifetime, aligned.
+    fn rest(&self, c: usize) -> u64 {
+        let p = self.p;
+        let f = (p.lo[c]..p.hi[c]).map(|s| self.floor[s as usize]).max().unwrap_or(0);
+        f.div_ceil(p.align[c]) * p.align[c]
+    }
+
+    /// Whether every section can still hold its unplaced bytes: above its floor, and above the lowest
+    /// offset any of its unplaced tensors can take.
+    /// Computes `rest_of` for the unplaced tensors on the way.
+    fn feasible(&mut self) -> bool {
+        let p = self.p;
+        self.low.fill(NONE);
+        for c in 0..p.len() {
+            if self.offset[c] != NONE {
+                continue;
+            }
+            let mut r = self.rest(c);
+            if let Some(d) = self.dom {
+                r = d.next(c, r);
+            }
+            self.rest_of[c] = r;
+            for s in p.lo[c]..p.hi[c] {
+                let l = &mut self.low[s as usize];
+                *l = (*l).min(r);
+            }
+        }
+        self.floor
+            .iter()
+            .zip(&self.left)
+            .zip(&self.low)
+            .all(|((&f, &l), &m)| l == 0 || f.max(m).saturating_add(l) <= self.cap)
+    }
+
+    /// Sets the floor of sections `lo..hi` to `to`, logging the old values.
+    fn raise(&mut self, lo: u32, hi: u32, to: u64) {
+        for s in lo..hi {
+            self.floor_log.push((s, self.floor[s as usize]));
+            self.floor[s as usize] = self.floor[s as usize].max(to);
+        }
+    }
+
+    fn undo(&mut self, mark: usize) {
+        while self.floor_log.len() > mark {
+            let (s, f) = self.floor_log.pop().expect("above the mark");
+            self.floor[s as usize] = f;
+        }
+    }
+
+    fn node(&mut self) -> End {
+        if self.depth >= MAX_DEPTH {
+            return End::Limit;
+        }
+        self.depth += 1;
+        let end = self.branch();
+        self.depth -= 1;
+        end
+    }
+
+    fn branch(&mut self) -> End {
+        if self.nodes_left == 0 {
+            return End::Limit;
+        }
+        self.nodes_left -= 1;
+        if self.nodes_left % 512 == 0 && Instant::now() >= self.deadline {
+            self.nodes_left = 0;
+            return End::Limit;
+        }
+        if self.placed == self.p.len() {
+            return self.leaf();
+        }
+        let p = self.p;
+        // The lowest point of the skyline among sections with something left to place (every tensor
+        // not placed yet lies at or above it, so a tensor starting there has everything below it
+        // placed); of the sections at that height, the one where fewest tensors can start (`rest_of`
+        // is fresh: `feasible` ran on the way here).
+        let m = self.floor.iter().zip(&self.left).filter(|&(_, &l)| l > 0).map(|(&f, _)| f).min().expect("not done");
+        let star = self.choose(m);
+        let waste = self.waste_to(star, m);
+        // Either a tensor covering that section starts exactly there…
+        let mut cands: Vec<(u32, u32)> = p.members[star]
+            .iter()
+            .filter(|&&c| self.offset[c as usize] == NONE && self.rest_of[c as usize] == m)
+            .map(|&c| (self.rank[c as usize], c))
+            .collect();
+        cands.sort_unstable();
+        let mut tried: Vec<(u64, u32, u32, u64)> = Vec::with_capacity(cands.len());
+        for &(_, c) in &cands {
+            let c = c as usize;
+            let top = m + p.size[c];
+            if top > self.cap {
+                continue;
+            }
+            // Tensors alike in size, lifetime and alignment are interchangeable: try one of them.
+            let key = (p.size[c], p.lo[c], p.hi[c], p.align[c]);
+            if tried.contains(&key) {
+                continue;
+            }
+            tried.push(key);
+            let mark = self.floor_log.len();
+            self.raise(p.lo[c], p.hi[c], top);
+            for s in p.lo[c]..p.hi[c] {
+                self.left[s as usize] -= p.size[c];
+            }
+            self.offset[c] = m;
+            self.placed += 1;
+            let saved_height = self.height;
+            self.height = self.height.max(top);
+            let end = if self.feasible() { self.node() } else { End::Exhausted };
+            self.height = saved_height;
+            self.placed -= 1;
+            self.offset[c] = NONE;
+            for s in p.lo[c]..p.hi[c] {
+                self.left[s as usize] += p.size[c];
+            }
+            self.undo(mark);
+            if end != End::Exhausted {
+                return end;
+            }
+        }
+        // …or the space there stays empty up to the lowest offset the lowest tensor covering it could
+        // then take. That tensor rests on a tensor beside the section: one placed (the floor there),
+        // or one not yet placed, which starts at `m` or above and ends at least the smallest size
+        // later. A tensor covering this section alone has nothing to rest on: it cannot be lowest.
+        let Some(waste) = waste else { return End::Exhausted };
+        let mark = self.floor_log.len();
+        self.raise(star as u32, star as u32 + 1, waste);
+        let end = if self.feasible() { self.node() } else { End::Exhausted };
+        self.undo(mark);
+        end
+    }
+
+    /// Of the sections at floor `m` with something left to place, the one where fewest tensors can
+    /// start (`rest_of` must be fresh).
+    fn choose(&self, m: u64) -> usize {
+        let p = self.p;
+        let mut star = usize::MAX;
+        let mut fewest = usize::MAX;
+        for (s, (&f, &l)) in self.floor.iter().zip(&self.left).enumerate() {
+            if l > 0 && f == m {
+                let k = p.members[s]
+                    .iter()
+                    .filter(|&&c| self.offset[c as usize] == NONE && self.rest_of[c as usize] == m)
+                    .count();
+                if k < fewest {
+                    (star, fewest) = (s, k);
+                }
+            }
+        }
+        star
+    }
+
+    /// Where the floor of section `star` (at `m`, the lowest) goes if nothing starts at `m` there, or
+    /// `None` if nothing could then cover it. Take a plan P where nothing starts there, made to rest on
+    /// things (each tensor moved down as far as it goes, in the order of offsets: no larger). Its
+    /// lowest tensor `c` above `m` there lies at or above every floor under its lifetime, and rests on
+    /// a tensor `d` beside the section. If every floor beside is at `m` (the lowest), `d` is not placed
+    /// yet, and `c` starts at least at `d`'s lowest offset plus its size. A tensor covering the section
+    /// alone has nothing to rest on. `rest_of` must be fresh.
+    fn waste_to(&self, star: usize, m: u64) -> Option<u64> {
+        let p = self.p;
+        let star32 = star as u32;
+        let covers_star = |d: usize| p.lo[d] <= star32 && star32 < p.hi[d];
+        p.members[star]
+            .iter()
+            .map(|&c| c as usize)
+            .filter(|&c| self.offset[c] == NONE && p.hi[c] - p.lo[c] > 1)
+            .map(|c| {
+                let beside = (p.lo[c]..p.hi[c]).filter(|&s| s != star32).map(|s| self.floor[s as usize]).max();
+                let r = match beside {
+                    Some(f) if f > m => f,
+                    _ => {
+                        let mut on = NONE;
+                        for s in (p.lo[c]..p.hi[c]).filter(|&s| s != star32) {
+                            for &d in &p.members[s as usize] {
+                                let d = d as usize;
+                                if self.offset[d] == NONE && !covers_star(d) {
+                                    on = on.min(self.rest_of[d].saturating_add(p.size[d]));
+                                }
+                            }
+                        }
+                        on.max(m + 1)
+                    }
+                };
+                let r = r.saturating_add(p.align[c] - 1) / p.align[c] * p.align[c];
+                match self.dom {
+                    Some(d) if r != NONE => d.next(c, r),
+                    _ => r,
+                }
+            })
+            .min()
+            .filter(|&w| w != NONE && w < self.cap)
+    }
+
+    fn leaf(&mut self) -> End {
+        let size = self.height;
+        if self.best.as_ref().is_none_or(|&(_, s)| size < s) {
+            self.best = Some((self.offset.clone(), size));
+        }
+        if self.decision || size <= self.floor_of_plans {
+            return End::Found;
+        }
+        // Only strictly better plans are wanted from here on.
+        self.cap = size - 1;
+        End::Exhausted
+    }
+}
+
+/// The time sweep: sections in order of time; at each, the tensors that start there go into the free
+/// intervals (holes) that the tensors still live leave, each at the lowest free point of the lowest
+/// hole, or a hole's rest stays empty where the section has bytes to spare (`cap` minus the bytes live
+/// there). Where every section is full at `cap` (the instances that are hard by construction, at their
+/// bound) nothing may stay empty and every hole is exactly tiled by the tensors starting there, so the
+/// sweep is complete: it finds a plan at `cap` if there is one. Elsewhere it is a heuristic (a tensor
+/// may need to rest on one that starts later), used for plans, never for proofs.
+///
+/// Invariants: the tensors placed are exactly those starting before the current section, plus those
+/// of the current section already put in a hole; no two placed tensors live at the same op overlap.
+struct Sweep<'p> {
+    p: &'p Problem,
+    dom: Option<&'p Domains>,
+    cap: u64,
+    offset: Vec<u64>,
+    /// The tensors starting in each section, in preorder.
+    starters: Vec<Vec<u32>>,
+    nodes_left: u64,
+    depth: u32,
+    deadline: Instant,
+    best: Option<(Vec<u64>, u64)>,
+}
+
+impl<'p> Sweep<'p> {
+    fn new(p: &'p Problem, rank: &'p [u32], cap: u64, nodes: u64, deadline: Instant) -> Self {
+        let mut starters = vec![Vec::new(); p.members.len()];
+        for c in 0..p.len() {
+            starters[p.lo[c] as usize].push(c as u32);
+        }
+        for list in &mut starters {
+            list.sort_unstable_by_key(|&c| rank[c as usize]);
+        }
+        Sweep {
+            p,
+            dom: None,
+            cap,
+            offset: vec![NONE; p.len()],
+            starters,
+            nodes_left: nodes,
+            depth: 0,
+            deadline,
+            best: None,
+        }
+    }
+
+    fn run(&mut self) -> End {
+        self.section(0)
+    }
+
+    fn section(&mut self, s: usize) -> End {
+        let p = self.p;
+        if s == p.members.len() {
+            let height = (0..p.len()).map(|c| self.offset[c] + p.size[c]).max().unwrap_or(0);
+            self.best = Some((self.offset.clone(), height));
+            return End::Found;
+        }
+        let Some(spare) = self.cap.checked_sub(p.section_total[s]) else { return End::Exhausted };
+        let mut held: Vec<(u64, u64)> = p.members[s]
+            .iter()
+            .map(|&c| c as usize)
+            .filter(|&c| p.lo[c] < s as u32)
+            .map(|c| (self.offset[c], self.offset[c] + p.size[c]))
+            .collect();
+        held.sort_unstable();
+        let mut holes = Vec::with_capacity(held.len() + 1);
+        let mut at = 0;
+        for (o, e) in held {
+            if o > at {
+                holes.push((at, o));
+            }
+            at = at.max(e);
+        }
+        if self.cap > at {
+            holes.push((at, self.cap));
+        }
+        let mut todo = self.starters[s].clone();
+        self.fill(s, &mut holes, &mut todo, spare)
+    }
+
+    /// Places the tensors of `todo` (starting in section `s`) into `holes` (sorted, non-empty), with
+    /// at most `spare` bytes left empty.
+    fn fill(&mut self, s: usize, holes: &mut Vec<(u64, u64)>, todo: &mut Vec<u32>, spare: u64) -> End {
+        if todo.is_empty() {
+            return self.section(s + 1);
+        }
+        if self.nodes_left == 0 || self.depth >= MAX_DEPTH {
+            return End::Limit;
+        }
+        self.nodes_left -= 1;
+        if self.nodes_left % 512 == 0 && Instant::now() >= self.deadline {
+            self.nodes_left = 0;
+            return End::Limit;
+        }
+        let Some(&(a, b)) = holes.first() else { return End::Exhausted };
+        let p = self.p;
+        self.depth += 1;
+        let mut tried: Vec<(u64, u32, u64)> = Vec::new();
+        let mut end = End::Exhausted;
+        for k in 0..todo.len() {
+            let c = todo[k] as usize;
+            let o = a.div_ceil(p.align[c]) * p.align[c];
+            if o - a > spare || o + p.size[c] > b || self.dom.is_some_and(|d| !d.allows(c, o)) {
+                continue;
+            }
+            // Tensors alike in size, lifetime and alignment are interchangeable.
+            let key = (p.size[c], p.hi[c], p.align[c]);
+            if tried.contains(&key) {
+                continue;
+            }
+            tried.push(key);
+            todo.remove(k);
+            self.offset[c] = o;
+            let top = o + p.size[c];
+            if top < b {
+                holes[0] = (top, b);
+            } else {
+                holes.remove(0);
+            }
+            end = self.fill(s, holes, todo, spare - (o - a));
+            if top < b {
+                holes[0] = (a, b);
+            } else {
+                holes.insert(0, (a, b));
+            }
+            self.offset[c] = NONE;
+            todo.insert(k, c as u32);
+            if end != End::Exhausted {
+                break;
+            }
+        }
+        if end == End::Exhausted && b - a <= spare {
+            // The rest of this hole stays empty.
+            holes.remove(0);
+            end = self.fill(s, holes, todo, spare - (b - a));
+            holes.insert(0, (a, b));
+        }
+        self.depth -= 1;
+        end
+    }
+}
+
+/// What the branch and bound achieved.
+pub(super) struct Outcome {
+    /// Offsets per input tensor (zero-sized ones at 0), if it found a plan better than the one given.
+    pub offsets: Option<Vec<u64>>,
+    pub size: u64,
+    pub proven_optimal: bool,
+    /// The best lower bound known: the most bytes live at one op, or more if a search proved it.
+    pub best_bound: u64,
+    pub nodes: u64,
+}
+
+/// Improves the plan of size `best` for `tensors` (lower bound `bound`) until it is proven optimal, the
+/// deadline passes or `max_nodes` nodes have been searched. `None` when the instance is too large for
+/// the search's tables.
+pub(super) fn improve(tensors: &[Tensor], bound: u64, best: u64, deadline: Instant, max_nodes: u64) -> Option<Outcome> {
+    let p = Problem::new(tensors)?;
+    // The search recurses once per placement: on a thread of its own with a large stack (reserved
+    // address space; only what the recursion reaches is touched).
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("edgepool-plan".into())
+            .stack_size(STACK_BYTES)
+            .spawn_scoped(scope, || drive(&p, tensors, bound, best, deadline, max_nodes))
+            .ok()?
+            .join()
+            .ok()
+    })
+}
+
+fn drive(p: &Problem, tensors: &[Tensor], bound: u64, best: u64, deadline: Instant, max_nodes: u64) -> Outcome {
+    let preorders = p.preorders();
+    let at_bound = Domains::new(p, bound);
+    let mut out = Outcome { offsets: None, size: best, proven_optimal: best <= bound, best_bound: bound, nodes: 0 };
+    let mut limit = (p.len() as u64 * 2).max(64);
+    // Whether the decision search at the lower bound is settled (found, or proven impossible).
+    let mut bound_settled = false;
+    let keep = |found: Option<(Vec<u64>, u64)>, out: &mut Outcome| {
+        if let Some((offs, size)) = found {
+            if size < out.size {
+                let mut full = vec![0u64; tensors.len()];
+                for (k, &i) in p.index.iter().enumerate() {
+                    full[i] = offs[k];
+                }
+                out.offsets = Some(full);
+                out.size = size;
+            }
+        }
+    };
+    while !out.proven_optimal && out.nodes < max_nodes && Instant::now() < deadline {
+        for rank in &preorders {
+            if out.size <= out.best_bound {
+                out.proven_optimal = true;
+            }
+            if out.proven_optimal || out.nodes >= max_nodes || Instant::now() >= deadline {
+                break;
+            }
+            if !bound_settled {
+                let nodes = limit.min(max_nodes - out.nodes);
+                let mut s = Sweep::new(p, rank, out.best_bound, nodes, deadline);
+                s.dom = at_bound.as_ref();
+                let end = s.run();
+                out.nodes += nodes - s.nodes_left;
+                if end == End::Found {
+                    keep(s.best.take(), &mut out);
+                    out.proven_optimal = out.size <= out.best_bound;
+                    if out.proven_optimal {
+                        break;
+                    }
+                }
+            }
+            let nodes = limit.min(max_nodes.saturating_sub(out.nodes));
+            if !bound_settled && nodes > 0 {
+                let mut s = Search::new(p, rank, out.best_bound, true, nodes, deadline);
+                s.dom = at_bound.as_ref();
+                let end = s.run();
+                out.nodes += nodes - s.nodes_left;
+                match end {
+                    End::Found => {
+                        keep(s.best.take(), &mut out);
+                        out.proven_optimal = true;
+                        break;
+                    }
+                    End::Exhausted => {
+                        // Nothing fits the most bytes live at one op: the optimum is above it.
+                        bound_settled = true;
+                        out.best_bound = out.best_bound.saturating_add(1).min(out.size);
+                    }
+                    End::Limit => {}
+                }
+            }
+            let nodes = limit.min(max_nodes.saturating_sub(out.nodes));
+            if nodes == 0 || Instant::now() >= deadline {
+                break;
+            }
+            // Decision searches between the bound and the best plan (bisection): a plan found lowers
+            // the top; an exhausted search proves a better bound; one stopped by its node limit
+            // raises the bottom of this round only (the optimisation search below, and the next
+            // rounds, still look there).
+            let (mut lo, mut hi) = (out.best_bound, out.size);
+            for _ in 0..8 {
+                let nodes = limit.min(max_nodes.saturating_sub(out.nodes));
+                if hi <= lo + 1 || nodes == 0 || Instant::now() >= deadline {
+                    break;
+                }
+                let mid = lo + (hi - lo) / 2;
+                let mut s = Search::new(p, rank, mid, true, nodes, deadline);
+                let end = s.run();
+                let (found, used) = (s.best.take(), nodes - s.nodes_left);
+                out.nodes += used;
+                match end {
+                    End::Found => {
+                        keep(found, &mut out);
+                        hi = out.size;
+                    }
+                    End::Exhausted => {
+                        // A proof: no plan fits in `mid` bytes.
+                        out.best_bound = out.best_bound.max(mid + 1);
+                        lo = mid;
+                    }
+                    End::Limit => lo = mid,
+                }
+            }
+            let nodes = limit.min(max_nodes.saturating_sub(out.nodes));
+            if nodes == 0 || Instant::now() >= deadline {
+                break;
+            }
+            let below_best = Domains::new(p, out.size - 1);
+            let mut s = Search::new(p, rank, out.size - 1, false, nodes, deadline);
+            s.dom = below_best.as_ref();
+            s.floor_of_plans = out.best_bound;
+            let end = s.run();
+            out.nodes += nodes - s.nodes_left;
+            keep(s.best.take(), &mut out);
+            if end != End::Limit || out.size <= out.best_bound {
+                // Exhausted: no plan below the best one exists. Found: a plan at the bound.
+                out.proven_optimal = true;
+                out.best_bound = out.size;
+            }
+        }
+        limit = limit.saturating_mul(2);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::hard::{guillotine_with_plan, tiling_with_plan, HardSpec};
+
+    impl Search<'_> {
+        /// Walks down the branch that leads to `target` (offsets per problem tensor, a valid plan
+        /// within `cap`): the pruning must keep it open at every step.
+        fn follow(&mut self, target: &[u64]) -> Result<(), String> {
+            if !self.feasible() {
+                return Err("root refused".into());
+            }
+            let p = self.p;
+            while self.placed < p.len() {
+                let m = self.floor.iter().zip(&self.left).filter(|&(_, &l)| l > 0).map(|(&f, _)| f).min().unwrap();
+                let star = self.choose(m);
+                let at =
+                    p.members[star].iter().map(|&c| c as usize).find(|&c| self.offset[c] == NONE && target[c] == m);
+                match at {
+                    Some(c) => {
+                        if self.rest_of[c] != m {
+                            return Err(format!(
+                                "tensor {c} starts at {m} in the plan but rests at {}",
+                                self.rest_of[c]
+                            ));
+                        }
+                        self.raise(p.lo[c], p.hi[c], m + p.size[c]);
+                        for s in p.lo[c]..p.hi[c] {
+                            self.left[s as usize] -= p.size[c];
+                        }
+                        self.offset[c] = m;
+                        self.placed += 1;
+                    }
+                    None => {
+                        let Some(w) = self.waste_to(star, m) else { return Err("waste refused".into()) };
+                        let lowest = p.members[star]
+                            .iter()
+                            .map(|&c| c as usize)
+                            .filter(|&c| self.offset[c] == NONE)
+                            .map(|c| target[c])
+                            .min()
+                            .unwrap();
+                        if w > lowest {
+                            return Err(format!("waste to {w} buries a tensor at {lowest}"));
+                        }
+                        self.raise(star as u32, star as u32 + 1, w);
+                    }
+                }
+                if !self.feasible() {
+                    return Err(format!("pruned after {} placements", self.placed));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn pruning_keeps_the_constructed_plan_open() {
+        for seed in 0..30 {
+            for (kind, (ts, plan)) in [
+                ("guillotine", guillotine_with_plan(HardSpec::new(150, seed))),
+                ("tiling", tiling_with_plan(HardSpec::new(150, seed))),
+            ] {
+                let p = Problem::new(&ts).unwrap();
+                let target: Vec<u64> = p.index.iter().map(|&i| plan[i]).collect();
+                let rank: Vec<u32> = (0..p.len() as u32).collect();
+                let bound = HardSpec::new(150, seed).bound;
+                let mut s =
+                    Search::new(&p, &rank, bound, true, u64::MAX, Instant::now() + std::time::Duration::from_secs(60));
+                s.follow(&target).unwrap_or_else(|e| panic!("{kind} seed {seed}: {e}"));
+            }
+        }
+    }
+}
