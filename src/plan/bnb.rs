@@ -440,14 +440,21 @@ impl<'p> Search<'p> {
         let star = self.choose(m);
         let waste = self.waste_to(star, m);
         // Either a tensor covering that section starts exactly there…
-        let mut cands: Vec<(u32, u32)> = p.members[star]
+        let valley = self.valley(star, m);
+        let mut cands: Vec<(u8, u32, u32)> = p.members[star]
             .iter()
             .filter(|&&c| self.offset[c as usize] == NONE && self.rest_of[c as usize] == m)
-            .map(|&c| (self.rank[c as usize], c))
+            .map(|&c| {
+                (
+                    2 - (p.lo[c as usize] == valley.0) as u8 - (p.hi[c as usize] == valley.1) as u8,
+                    self.rank[c as usize],
+                    c,
+                )
+            })
             .collect();
         cands.sort_unstable();
         let mut tried: Vec<(u64, u32, u32, u64)> = Vec::with_capacity(cands.len());
-        for &(_, c) in &cands {
+        for &(_, _, c) in &cands {
             let c = c as usize;
             let top = m + p.size[c];
             if top > self.cap {
@@ -552,6 +559,22 @@ impl<'p> Search<'p> {
             })
             .min()
             .filter(|&w| w != NONE && w < self.cap)
+    }
+
+    /// The valley around `star`: the run of sections `lo..hi` at floor `m` with tensors left. The
+    /// candidates are tried first that span it whole, then those that reach one end of it (a tensor
+    /// that leaves a narrow strip beside it at `m` makes that strip hard to fill), each in preorder.
+    fn valley(&self, star: usize, m: u64) -> (u32, u32) {
+        let open = |s: usize| self.floor[s] == m && self.left[s] > 0;
+        let mut lo = star;
+        while lo > 0 && open(lo - 1) {
+            lo -= 1;
+        }
+        let mut hi = star + 1;
+        while hi < self.floor.len() && open(hi) {
+            hi += 1;
+        }
+        (lo as u32, hi as u32)
     }
 
     fn leaf(&mut self) -> End {
