@@ -4,77 +4,48 @@
 //!
 //! ```text
 //! tract_load generate MODEL.onnx WEIGHTS_MB     write a U-Net-style model with random weights
-//! tract_load load MODEL.onnx [--phase|--arena] [--hold-ms=N]
+//! tract_load load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--hold-ms=N]
 //!                                                load it, run one inference, print one line of figures
 //!                                                (and stay alive N ms more, for memory curves)
-//! tract_load demo [WEIGHTS_MB]                   generate a model (default 64 MB) and compare glibc,
-//!                                                edgepool, and edgepool with the load phase
 //! ```
-//! `EDGEPOOL_ALLOCATOR=system` runs on glibc's malloc instead of edgepool (chosen once, at the first
-//! allocation). `--phase` wraps loading in `edgepool::load_phase()`.
+//! `EDGEPOOL_ALLOCATOR=system|mimalloc|jemalloc|count` runs on glibc's malloc, the `mimalloc` or
+//! `tikv-jemallocator` crate, or glibc with its live bytes counted, instead of edgepool (chosen once,
+//! at the first allocation). `--phase` wraps loading in `edgepool::load_phase()`; the model is read
+//! through `edgepool::MappedModel` (`--populate`: read in ahead of parsing), or with `--read` into a
+//! buffer; `--prefault-free=BYTES` calls `edgepool::prefault_free` before the first inference. The
+//! comparison of allocators is `cargo run --release --example demo`.
 
 #[path = "../tests/common/tract_loader.rs"]
 mod tract_loader;
 
-use tract_loader::{generate, load_with, Switch};
+use tract_loader::{generate, load_with, Load, Switch};
 
 #[global_allocator]
 static GLOBAL: Switch = Switch;
 
-/// Runs this program as a child (`load`) under one allocator and returns its figures.
-fn child(model: &str, flag: Option<&str>, system: bool) -> std::collections::HashMap<String, String> {
-    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
-    c.args(["load", model]).args(flag);
-    if system {
-        c.env("EDGEPOOL_ALLOCATOR", "system");
-    }
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect()
-}
-
-fn demo(mb: usize) {
-    let dir = std::env::temp_dir().join(format!("edgepool-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let model = dir.join("unet.onnx");
-    let model = model.to_str().unwrap();
-    generate(model, mb);
-    println!("\nloading it with tract, each in a fresh process:\n");
-    println!("| allocator | peak RSS while loading | RSS right after loading | load | first inference |");
-    println!("|---|---|---|---|---|");
-    for (name, flag, system) in
-        [("glibc malloc", None, true), ("edgepool", None, false), ("edgepool + load_phase()", Some("--phase"), false)]
-    {
-        let r = child(model, flag, system);
-        let mib = |k: &str| r[k].parse::<f64>().unwrap() / (1u64 << 20) as f64;
-        println!(
-            "| {name} | {:.0} MiB | {:.0} MiB | {} ms | {} ms |",
-            mib("peak_rss"),
-            mib("rss_after_load"),
-            r["load_ms"],
-            r["infer_ms"]
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("demo") => demo(args.get(2).and_then(|a| a.parse().ok()).unwrap_or(64)),
         Some("generate") if args.len() == 4 => generate(&args[2], args[3].parse().expect("WEIGHTS_MB")),
         Some("load") if args.len() >= 3 => {
-            let mode = if args.iter().any(|a| a == "--arena") {
-                Some(edgepool::PhaseMode::Arena)
-            } else if args.iter().any(|a| a == "--phase") {
-                Some(edgepool::PhaseMode::Segregated)
-            } else {
-                None
+            let has = |f: &str| args.iter().any(|a| a == f);
+            let how = Load {
+                mode: if has("--arena") {
+                    Some(edgepool::PhaseMode::Arena)
+                } else if has("--phase") {
+                    Some(edgepool::PhaseMode::Segregated)
+                } else {
+                    None
+                },
+                read: has("--read"),
+                populate: has("--populate"),
+                prefault_free: args
+                    .iter()
+                    .find_map(|a| a.strip_prefix("--prefault-free="))
+                    .map(|v| v.parse().expect("--prefault-free=BYTES"))
+                    .unwrap_or(0),
             };
-            if let Err(e) = load_with(&args[2], mode) {
+            if let Err(e) = load_with(&args[2], &how) {
                 eprintln!("tract_load: {e:?}");
                 std::process::exit(1);
             }
@@ -86,7 +57,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] [--hold-ms=N] | demo [WEIGHTS_MB]"
+                "usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--hold-ms=N]"
             );
             std::process::exit(2);
         }

@@ -354,6 +354,25 @@ pub fn version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
 
+/// `int edgepool_prefault(void *p, size_t n)`: faults in the pages of `[p, p+n)` for writing without
+/// changing their contents (see [`crate::prefault`]). Returns 0, or -1 with `errno = EINVAL` for a
+/// null `p` with `n > 0` or a range that wraps around the address space.
+///
+/// # Safety
+/// - the range is mapped read-write and no other thread writes it during the call.
+pub unsafe fn prefault(p: *mut c_void, n: usize) -> c_int {
+    if n == 0 {
+        return 0;
+    }
+    if p.is_null() || (p as usize).checked_add(n).is_none() {
+        os::set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { os::prefault(p.cast(), n) };
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,6 +95,9 @@ struct Inner {
     lazy: bool,
     /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
     secure: bool,
+    /// Free bytes [`prefault_free`] asked to keep resident: decay and `make_room` keep at least this
+    /// much dirty memory (0: none asked).
+    warm: usize,
 }
 
 /// The buddy heap's state; its lock is `sync::HEAP`.
@@ -114,6 +117,7 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     peak: 0,
     lazy: false,
     secure: false,
+    warm: 0,
 }));
 
 /// Runs `f` with the heap locked.
@@ -366,12 +370,10 @@ impl Inner {
     }
 
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
+    /// At least the bytes [`prefault_free`] warmed.
     fn retain_now(&self) -> usize {
-        if phase_state::any_active() {
-            self.load_retain
-        } else {
-            self.retain
-        }
+        let keep = if phase_state::any_active() { self.load_retain } else { self.retain };
+        keep.max(self.warm)
     }
 
     /// About to hand out `bytes` of clean memory (new page faults): first purge as much dirty memory
@@ -687,6 +689,50 @@ pub fn trim() -> usize {
         return 0;
     }
     with_heap(|h| h.purge_all())
+}
+
+/// Largest piece [`prefault_free`] takes at a time: the heap lock is not held while it faults in.
+const PREFAULT_PIECE: usize = 2 << 20;
+
+/// Faults in `bytes` (rounded up to pages) of free heap memory, so that the next allocations (which
+/// take resident free memory first) land on resident pages, and from then on keeps that much free
+/// memory resident instead of purging it (until `prefault_free(0)`; `trim()` and a load phase's end
+/// still purge everything free once). Takes resident free blocks first, then clean ones, growing the
+/// heap if needed, within the budget. Returns the bytes made resident (less than asked when the
+/// budget or the OS refused).
+///
+/// The pieces are taken as large blocks, faulted in with the heap unlocked, and freed (dirty).
+pub fn prefault_free(bytes: usize) -> usize {
+    if !ensure_init() {
+        return 0;
+    }
+    let want = bytes.next_multiple_of(PAGE);
+    with_heap(|h| h.warm = want);
+    let piece = PREFAULT_PIECE.min(max_block());
+    let mut head: *mut u8 = core::ptr::null_mut();
+    let mut done = 0;
+    while done < want {
+        let Some((p, _, len)) = alloc_large(piece.min(want - done), PAGE, false) else {
+            break;
+        };
+        // SAFETY: the run was just allocated for us, mapped read-write, and nobody else knows it.
+        unsafe {
+            os::prefault(p, len);
+            // The pieces are chained through their first word until they are all taken.
+            p.cast::<*mut u8>().write(head);
+        }
+        head = p;
+        done += len;
+    }
+    while !head.is_null() {
+        // SAFETY: each piece of the chain is a live run from alloc_large, its first word the next.
+        unsafe {
+            let next = head.cast::<*mut u8>().read();
+            free_block(head);
+            head = next;
+        }
+    }
+    done
 }
 
 /// Sets the memory budget (0 = none). Takes effect for the next request.

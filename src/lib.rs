@@ -28,7 +28,7 @@
 //! | 8 | phase | load and run phases: guards, reports, the C API's phase, the start-up trigger |
 //! | 9 | global | routing: which part serves a request; [`EdgePool`] |
 //! | 10 | c_api | the C allocation API with glibc's semantics (exported by `libedgepool.so`) |
-//! | 11 | plan | the static memory planner (uses only the allocation entry points) |
+//! | 11 | plan, model | the static memory planner; memory-mapped model files (both use only the allocation entry points) |
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -41,6 +41,7 @@ mod direct;
 mod global;
 mod heap;
 mod init;
+mod model;
 pub mod options;
 pub mod os;
 mod owner;
@@ -54,6 +55,7 @@ mod sync;
 mod valgrind;
 
 pub use global::EdgePool;
+pub use model::{HugePages, MapOptions, MappedModel, ModelError};
 pub use stats::{CounterValues, Stats};
 
 /// Raw allocation entry points with C-like semantics shared by the C API and tests.
@@ -75,6 +77,23 @@ pub fn stats() -> Stats {
 /// every free heap page. Returns the bytes purged.
 pub fn trim() -> usize {
     global::trim()
+}
+
+/// Faults in every page of `buf` for writing before it is used, without changing its contents, so
+/// that the first inference writing its buffers takes no page faults: `MADV_POPULATE_WRITE` where the
+/// kernel has it (Linux 5.14+), one byte per page read and written back where not.
+pub fn prefault(buf: &mut [u8]) {
+    // SAFETY: a `&mut [u8]` is mapped read-write and nobody else touches it during the call.
+    unsafe { os::prefault(buf.as_mut_ptr(), buf.len()) };
+}
+
+/// Faults in `bytes` of the heap's free memory so that the next allocations, up to that many bytes,
+/// land on resident pages (call it after loading, before the first inference), and keeps that much
+/// free memory resident from then on instead of giving it back to the OS (`prefault_free(0)` stops
+/// that; `trim()` and the end of a load phase still give back everything free). Counts in the budget.
+/// Returns the bytes made resident.
+pub fn prefault_free(bytes: usize) -> usize {
+    heap::prefault_free(bytes)
 }
 
 /// Sets the memory budget in bytes (0 = none): requests that would take edgepool's OS memory beyond

@@ -265,6 +265,45 @@ pub unsafe fn populate(p: *mut u8, len: usize) -> bool {
     }
 }
 
+/// Makes every page that `[p, p+len)` touches resident and writable, without changing any byte:
+/// `MADV_POPULATE_WRITE` on those pages (Linux 5.14+) or, where the kernel refuses, one byte of the
+/// range on each page read and written back. Returns whether the kernel populated the pages.
+///
+/// Rounding out to whole pages is safe: every page holds at least one byte of the range, so it is
+/// mapped writable (protection is per page), and populating changes no contents, including those of
+/// other objects sharing the first and last page.
+///
+/// # Safety
+/// - the range is mapped read-write and no other thread writes it during the call.
+pub unsafe fn prefault(p: *mut u8, len: usize) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let start = p as usize & !(PAGE - 1);
+    let end = (p as usize + len).next_multiple_of(PAGE);
+    // SAFETY: every page of [start, end) holds a byte of the caller's writable range (see above);
+    // errno is preserved.
+    let ok = unsafe {
+        let e = errno();
+        let ok = libc::madvise(start as *mut c_void, end - start, libc::MADV_POPULATE_WRITE) == 0;
+        set_errno(e);
+        ok
+    };
+    if !ok {
+        let mut q = p as usize;
+        while q < p as usize + len {
+            // SAFETY: q is inside the caller's range, which nobody else writes meanwhile; the byte
+            // is written back unchanged.
+            unsafe {
+                let b = core::ptr::read_volatile(q as *const u8);
+                core::ptr::write_volatile(q as *mut u8, b);
+            }
+            q = (q & !(PAGE - 1)) + PAGE;
+        }
+    }
+    ok
+}
+
 /// Unmaps `[p, p+len)`.
 ///
 /// # Safety

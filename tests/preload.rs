@@ -354,6 +354,31 @@ fn stats_struct_from_c_matches_the_report() {
 }
 
 #[test]
+fn prefault_from_c() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tmp_dir("prefault");
+    let exe = dir.join("prefault");
+    let include = format!("-I{}", root.join("cdylib/include").display());
+    let libdir = lib().parent().unwrap().to_str().unwrap().to_owned();
+    compile_c(
+        &root.join("tests/c/prefault.c"),
+        &exe,
+        &[&include, "-L", &libdir, &format!("-Wl,-rpath,{libdir}"), "-ledgepool"],
+    );
+    let out = run_with(&mut Command::new(&exe), true, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("prefault rc=0 resident=21/21 intact=1"), "{stdout}");
+    assert!(stdout.contains("null rc=-1 einval=1"), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("pages=")).unwrap();
+    let f: std::collections::HashMap<&str, i64> =
+        line.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k, v.parse().unwrap())).collect();
+    assert!(f["cold"] >= f["pages"] * 9 / 10, "the cold round should fault every page: {line}");
+    assert!(f["warm"] * 20 < f["pages"], "after edgepool_prefault_free: {line}");
+    assert!(f["prefaulted"] >= f["pages"] * 4096, "{line}");
+}
+
+#[test]
 fn stats_at_exit_as_json() {
     let dir = tmp_dir("stats-json");
     let path = dir.join("s.json");

@@ -61,6 +61,19 @@ int edgepool_stats(struct edgepool_stats *out, size_t size);
  * NULL and errno = ENOMEM. */
 void edgepool_set_limit(size_t bytes);
 
+/* Faults in every page of [p, p+n) for writing, without changing its contents, so that the first
+ * inference does not pay for page faults (MADV_POPULATE_WRITE where the kernel has it, one byte per
+ * page where not). The range must be writable memory that no other thread writes during the call.
+ * Returns 0, or -1 with errno = EINVAL for p == NULL with n > 0. */
+int edgepool_prefault(void *p, size_t n);
+
+/* Faults in `bytes` of edgepool's free heap memory, so that the next allocations (up to that many
+ * bytes) land on resident pages, and keeps that much free memory resident from then on
+ * (edgepool_prefault_free(0) stops that; edgepool_trim() and a load phase's end still purge it once).
+ * Call it after loading, before the first inference. Returns the bytes made resident (fewer when the
+ * budget or the OS refused). */
+size_t edgepool_prefault_free(size_t bytes);
+
 /* What a load phase did. */
 struct edgepool_phase_report {
     uint64_t allocations;     /* allocations made during the phase */

@@ -64,6 +64,8 @@ export! {
     edgepool_print_stats(fd: c_int) = c_api::write_stats(fd);
     edgepool_stats(out: *mut u64, size: usize) -> c_int = c_api::stats_into(out, size);
     edgepool_set_limit(bytes: usize) = ep::set_limit(bytes);
+    edgepool_prefault(p: *mut c_void, n: usize) -> c_int = c_api::prefault(p, n);
+    edgepool_prefault_free(bytes: usize) -> usize = ep::prefault_free(bytes);
     edgepool_load_begin() = c_api::load_begin();
     edgepool_load_end(out: *mut c_api::PhaseReportC) -> c_int = c_api::load_end(out);
 }

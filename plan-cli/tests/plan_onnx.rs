@@ -1,8 +1,8 @@
 //! The planner reads an ONNX model (feature `onnx`): a U-Net written by the test with tract's
 //! protobuf types, its intermediate tensors from tract's type inference and evaluation order.
 
-#[path = "../../tests/common/tract_loader.rs"]
-mod tract_loader;
+#[path = "../../tests/common/unet.rs"]
+mod unet;
 
 use std::process::Command;
 
@@ -13,7 +13,7 @@ fn plans_the_intermediate_tensors_of_an_onnx_unet() {
     let dir = std::env::temp_dir().join(format!("edgepool-plan-onnx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("unet.onnx");
-    tract_loader::generate(model.to_str().unwrap(), 2);
+    unet::generate(model.to_str().unwrap(), 2);
     let ts = edgepool_plan::onnx::tensors_from_onnx(&model, None).unwrap();
     // 4 levels x (2 convs + 2 relus + pool), bottleneck 2x(conv+relu), 4 x (convT, concat, 2x(conv+relu)),
     // the final conv, and the input: 20 + 4 + 24 + 1 + 1.
