@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! tract_load generate MODEL.onnx WEIGHTS_MB     write a U-Net-style model with random weights
-//! tract_load load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--hold-ms=N]
+//! tract_load load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--threads=N] [--hold-ms=N]
 //!                                                load it, run one inference, print one line of figures
 //!                                                (and stay alive N ms more, for memory curves)
 //! ```
@@ -12,7 +12,8 @@
 //! `tikv-jemallocator` crate, or glibc with its live bytes counted, instead of edgepool (chosen once,
 //! at the first allocation). `--phase` wraps loading in `edgepool::load_phase()`; the model is read
 //! through `edgepool::MappedModel` (`--populate`: read in ahead of parsing), or with `--read` into a
-//! buffer; `--prefault-free=BYTES` calls `edgepool::prefault_free` before the first inference. The
+//! buffer; `--prefault-free=BYTES` calls `edgepool::prefault_free` before the first inference; `--threads=N`
+//! loads it in N threads at once (under a process-wide phase with `--phase`). The
 //! comparison of allocators is `cargo run --release --example demo`.
 
 #[path = "../tests/common/tract_loader.rs"]
@@ -44,6 +45,11 @@ fn main() {
                     .find_map(|a| a.strip_prefix("--prefault-free="))
                     .map(|v| v.parse().expect("--prefault-free=BYTES"))
                     .unwrap_or(0),
+                threads: args
+                    .iter()
+                    .find_map(|a| a.strip_prefix("--threads="))
+                    .map(|v| v.parse().expect("--threads=N"))
+                    .unwrap_or(1),
             };
             if let Err(e) = load_with(&args[2], &how) {
                 eprintln!("tract_load: {e:?}");
@@ -57,7 +63,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--hold-ms=N]"
+                "usage: tract_load generate MODEL.onnx WEIGHTS_MB | load MODEL.onnx [--phase|--arena] [--read] [--populate] [--prefault-free=BYTES] [--threads=N] [--hold-ms=N]"
             );
             std::process::exit(2);
         }

@@ -37,6 +37,8 @@ def _edgepool():
         lib.edgepool_version.restype = ctypes.c_char_p
         lib.edgepool_trim.restype = ctypes.c_size_t
         lib.edgepool_set_limit.argtypes = [ctypes.c_size_t]
+        lib.edgepool_prefault_free.argtypes = [ctypes.c_size_t]
+        lib.edgepool_prefault_free.restype = ctypes.c_size_t
         lib.edgepool_load_end.argtypes = [ctypes.POINTER(_ReportC)]
         lib.edgepool_stats.argtypes = [ctypes.POINTER(_StatsC), ctypes.c_size_t]
         _lib = lib
@@ -55,7 +57,7 @@ _STATS_FIELDS = (
     "limit_bytes", "slabs_acquired", "slabs_released", "slab_refills", "remote_frees", "large_allocs",
     "large_frees", "large_realloc_in_place", "direct_allocs", "direct_frees", "direct_bytes", "purges",
     "purged_bytes", "caches_created", "caches_adopted", "caches_abandoned", "arena_chunks_released",
-    "budget_refusals", "oom_refusals",
+    "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns",
 )
 
 
@@ -105,6 +107,12 @@ def stats():
 def trim():
     """Returns every free heap page to the OS; returns the bytes."""
     return _edgepool().edgepool_trim()
+
+
+def prefault_free(nbytes):
+    """Faults in `nbytes` of edgepool's free memory (and keeps it resident), so that the first
+    inference after loading takes no page faults for that much; returns the bytes made resident."""
+    return _edgepool().edgepool_prefault_free(nbytes)
 
 
 def set_limit(nbytes):

@@ -5,7 +5,12 @@ loaded with tract (examples/tract_load.rs) and with onnxruntime, under glibc, mi
 tcmalloc, and edgepool without a load phase, with one (segregated slabs), and with one in arena mode. Runs alternate; the model is loaded from
 several paths of different lengths (glibc's peak moves with the path string). Prints medians.
 
-    python3 scripts/load-bench.py [--mb 128] [--rounds 3] [--python target/test-venv/bin/python]
+    python3 scripts/load-bench.py [--mb 128] [--rounds 3] [--threads N] [--engines tract,onnxruntime]
+                                  [--python target/test-venv/bin/python]
+
+--threads N loads the model N times at once from N threads (tract: N loads under one process-wide
+phase; onnxruntime: N sessions created from N Python threads), every one checked to compute the same
+output; the load time is until all have loaded.
 """
 import argparse
 import os
@@ -43,6 +48,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--python", default=os.path.join(ROOT, "target", "test-venv", "bin", "python"))
     ap.add_argument("--dir", default="/tmp/edgepool-load-bench")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engines", default="tract,onnxruntime")
+    ap.add_argument("--paths", type=int, default=3, help="model paths of different lengths (1 to 3)")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "--example", "tract_load", "-p", "edgepool"], cwd=ROOT, check=True)
     edge = cmp.edgepool_lib()
@@ -56,7 +64,7 @@ def main():
     if not os.path.exists(base):
         subprocess.run([tract, "generate", base, str(a.mb)], check=True)
     paths = [base]
-    for suffix in ("m", "model-with-a-longer-path-name"):
+    for suffix in ("m", "model-with-a-longer-path-name")[:max(0, a.paths - 1)]:
         d = os.path.join(a.dir, suffix)
         os.makedirs(d, exist_ok=True)
         p = os.path.join(d, "unet.onnx")
@@ -89,9 +97,19 @@ def main():
             ("edgepool+arena", lambda p: ([a.python, ort_script, p, "--phase"], {"LD_PRELOAD": edge, "EDGEPOOL_LOAD_ARENA": "1"})),
         ],
     }
+    engines = a.engines.split(",")
+    configs = {e: c for e, c in configs.items() if e in engines}
+    if a.threads > 1:
+        t = f"--threads={a.threads}"
+        configs = {e: [(n, (lambda make: lambda p: (make(p)[0] + [t], make(p)[1]))(make)) for n, make in cfgs]
+                   for e, cfgs in configs.items()}
+        floors = {e: (lambda make: lambda p: (make(p)[0] + [t], make(p)[1]))(make) for e, make in floors.items()}
     size = os.path.getsize(base)
-    print(f"model: U-Net, {size / 2**20:.0f} MiB file; {a.rounds} rounds x {len(paths)} paths; medians")
+    print(f"model: U-Net, {size / 2**20:.0f} MiB file; {a.threads} thread(s) loading; {a.rounds} rounds x {len(paths)} paths; medians")
     for engine, cfgs in configs.items():
+        if engine == "onnxruntime" and not os.path.exists(a.python):
+            print(f"\nonnxruntime: skipped ({a.python} missing; .ci/run makes it)")
+            continue
         res = {n: [] for n, _ in cfgs}
         for r in range(a.rounds):
             for p in paths:

@@ -497,6 +497,34 @@ impl Buddy {
         cleaned
     }
 
+    /// Takes the smallest free dirty block out of the free lists, to be purged outside the heap's
+    /// lock: its head is marked `Meta` (an allocated block no user can free, which merges with
+    /// nothing) until [`Buddy::put_back`] returns it. Returns its page index, order and flags.
+    pub fn take_dirty(&mut self) -> Option<(u32, u32, u8)> {
+        let h = self.nonempty[1].trailing_zeros() as usize;
+        if h >= NORDERS {
+            return None;
+        }
+        let idx = self.heads[1][h];
+        // SAFETY: idx heads a non-empty free list, so it is a free head below frontier.
+        let flags = unsafe { self.entry(idx).flags };
+        self.unlink(idx);
+        let order = h as u32 + MIN_ORDER;
+        self.set_head(idx, PageKind::Meta, order, 0);
+        Some((idx, order, flags))
+    }
+
+    /// Returns a block taken by [`Buddy::take_dirty`] to the free lists with `flags` (its flags
+    /// without `DIRTY` once purged, plus `SEALED` if sealed), merging it with its buddies.
+    ///
+    /// # Safety
+    /// - `(idx, order)` was returned by `take_dirty` and not put back since; if `flags` lacks `DIRTY`,
+    ///   its pages were purged (read as zero unless `USED`).
+    pub unsafe fn put_back(&mut self, idx: u32, order: u32, flags: u8) {
+        // SAFETY: taken by take_dirty, so allocated to the caller, who gives it up.
+        unsafe { self.free(idx, order, flags) };
+    }
+
     /// Marks the free block at `idx` clean after a successful purge, and merges it with its clean
     /// buddies.
     ///
@@ -663,6 +691,58 @@ mod tests {
             b.check().unwrap();
             // Once clean, everything has merged back into the two top blocks.
             assert!(b.alloc(20, META).is_some() && b.alloc(20, META).is_some());
+        });
+    }
+
+    #[test]
+    fn dirty_blocks_taken_for_purging_are_out_of_every_list_until_put_back() {
+        with_buddy(20, 2, |b| {
+            let (x, _) = b.alloc(20, META).unwrap();
+            let (y, _) = b.alloc(20, META).unwrap();
+            free(b, x, 20, 0);
+            let (big, _) = b.alloc(18, META).unwrap();
+            let (small, _) = b.alloc(16, META).unwrap();
+            free(b, y, 20, 0);
+            free(b, big, 18, DIRTY);
+            free(b, small, 16, DIRTY);
+            let (free0, dirty0) = (b.free_bytes, b.dirty_bytes);
+            // The smallest dirty block first, with its flags; it is neither free nor dirty meanwhile,
+            // and the structure stays consistent (an allocated block to the checker).
+            let (i, o, f) = b.take_dirty().unwrap();
+            assert_eq!((i, o), (small, 16));
+            assert_eq!(f & DIRTY, DIRTY);
+            assert_eq!(b.free_bytes, free0 - (64 << 10));
+            assert_eq!(b.dirty_bytes, dirty0 - (64 << 10));
+            b.check().unwrap();
+            // Nothing else is handed it meanwhile: the next dirty block is the big one, and a 64 KiB
+            // request comes from elsewhere.
+            let (j, o2, f2) = b.take_dirty().unwrap();
+            assert_eq!((j, o2), (big, 18));
+            let (p, _) = b.alloc(16, META).unwrap();
+            assert!(p != small && !(big..big + pages(18)).contains(&p));
+            free(b, p, 16, 0);
+            assert!(b.take_dirty().is_none());
+            // Put back clean (purged), they merge with their clean buddies: all of it is one clean
+            // top block again, next to the other one.
+            // SAFETY: both were taken by take_dirty above and are put back once.
+            unsafe {
+                b.put_back(i, o, f & !DIRTY);
+                b.put_back(j, o2, f2 & !DIRTY);
+            }
+            assert_eq!(b.dirty_bytes, 0);
+            assert_eq!(b.free_bytes, 2 << 20);
+            b.check().unwrap();
+            let (t, flags) = b.alloc(20, META).unwrap();
+            assert_eq!(flags & DIRTY, 0);
+            free(b, t, 20, 0);
+            // A block the OS refused to purge goes back dirty.
+            let (d, _) = b.alloc(16, META).unwrap();
+            free(b, d, 16, DIRTY);
+            let (k, o3, f3) = b.take_dirty().unwrap();
+            // SAFETY: taken above, put back once.
+            unsafe { b.put_back(k, o3, f3) };
+            assert_eq!(b.dirty_bytes, 64 << 10);
+            b.check().unwrap();
         });
     }
 

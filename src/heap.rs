@@ -95,9 +95,84 @@ struct Inner {
     lazy: bool,
     /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
     secure: bool,
+    /// Bytes of dirty blocks taken out of the free lists to be purged outside the lock, not yet put
+    /// back ([`PurgeBatch`]).
+    in_flight: usize,
+    /// A thread is growing the region outside the lock ([`Growth`]): the pages beyond the frontier
+    /// are its until it is done.
+    growing: bool,
+    /// The process that `growing` and `in_flight` belong to (a `fork` child forgets them).
+    pid: u32,
     /// Free bytes [`prefault_free`] asked to keep resident: decay and `make_room` keep at least this
     /// much dirty memory (0: none asked).
     warm: usize,
+}
+
+/// A growth of the region, planned under the heap's lock ([`Inner::plan_grow`]) and done by the OS
+/// without it ([`Growth::run`]): an `mprotect` or `mmap` waits for every page fault and `madvise`
+/// in progress in the process, long enough to queue every other thread behind the lock.
+///
+/// A reserved region grows by `count` top blocks at once: a quarter of what it has, at least one and
+/// at most [`MAX_GROW_TOPS`], so that a heap growing to gigabytes calls the OS a few times instead of
+/// once per top block (35 `mprotect`s of 64 MiB, ~3 ms each behind the page faults of other
+/// threads, for tract loading a 128 MB model in four threads). Committing costs nothing until the
+/// pages are touched.
+#[derive(Clone, Copy, Debug)]
+struct Growth {
+    idx: u32,
+    order: u32,
+    count: u32,
+    lazy: bool,
+}
+
+/// Most top blocks one growth commits.
+const MAX_GROW_TOPS: u32 = 16;
+
+/// What the OS did with a [`Growth`].
+#[derive(Clone, Copy, Debug)]
+enum Grown {
+    /// This many blocks (top blocks of a reserved region; one piece of a lazy one).
+    Done(u32),
+    /// A lazy piece something else had mapped.
+    Taken,
+    Refused,
+}
+
+impl Growth {
+    /// Commits the block or maps the piece (the heap unlocked).
+    fn run(&self) -> Grown {
+        let (p, len) = (addr_of(self.idx) as *mut u8, PAGE << (self.order - MIN_ORDER));
+        if !self.lazy {
+            // Where the OS refuses several blocks at once (a strict overcommit limit), one may pass.
+            for n in [self.count, 1] {
+                // SAFETY: the range is inside the reservation (`count` was bounded by it), page
+                // aligned, beyond the frontier, and claimed by this thread (`growing`): nobody else
+                // touches it.
+                if unsafe { os::commit(p, len * n as usize) } {
+                    return Grown::Done(n);
+                }
+            }
+            return Grown::Refused;
+        }
+        // SAFETY: the piece is page aligned, inside the window, beyond the frontier and claimed by this
+        // thread: nothing of ours is there.
+        match unsafe { os::map_at(p, len) } {
+            Ok(()) => Grown::Done(1),
+            Err(os::MapAt::Taken) => Grown::Taken,
+            Err(os::MapAt::Refused) => Grown::Refused,
+        }
+    }
+}
+
+/// Why [`Inner::alloc`] returned without a block.
+#[derive(Clone, Copy, Debug)]
+enum Miss {
+    /// Refused: no memory (counted) or the budget (counted).
+    Refused,
+    /// Another thread is growing the region or purging blocks outside the lock: try again soon.
+    Busy,
+    /// The region must grow first: run the growth without the lock, then try again.
+    Grow(Growth),
 }
 
 /// The buddy heap's state; its lock is `sync::HEAP`.
@@ -117,6 +192,9 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     peak: 0,
     lazy: false,
     secure: false,
+    in_flight: 0,
+    growing: false,
+    pid: 0,
     warm: 0,
 }));
 
@@ -300,60 +378,61 @@ impl Inner {
         }
     }
 
-    /// Grows the committed part of the region: by one top block of a reserved region, or by one
-    /// piece of a lazy one (see `init::start`), skipping pieces something else has mapped.
-    fn grow(&mut self) -> bool {
+    /// Plans the next growth of the committed part of the region: one top block of a reserved
+    /// region, or one piece of a lazy one (see `init::start`), at the frontier. The pages are this
+    /// thread's to commit (`growing` is set) until [`Inner::finish_grow`]. `None` when the region is
+    /// full.
+    fn plan_grow(&mut self) -> Option<Growth> {
         let span_pages = REGION.span.load(Ordering::Relaxed) / PAGE;
-        if !self.lazy {
-            let top_pages = 1u32 << (self.buddy.top - MIN_ORDER);
-            let idx = self.buddy.frontier;
-            if idx as usize + top_pages as usize > span_pages {
-                return false;
-            }
-            // SAFETY: the range is inside the reservation and page aligned.
-            if !unsafe { os::commit(addr_of(idx) as *mut u8, (top_pages as usize) * PAGE) } {
-                return false;
-            }
-            // SAFETY: idx is the frontier, top aligned, and the page map covers the whole region.
-            unsafe { self.buddy.add_top(idx) };
-            return true;
+        let order = if self.lazy { self.buddy.top.min(init::LAZY_UNIT.trailing_zeros()) } else { self.buddy.top };
+        let (idx, pages) = (self.buddy.frontier, 1u32 << (order - MIN_ORDER));
+        if idx as usize + pages as usize > span_pages {
+            return None;
         }
-        let order = self.buddy.top.min(init::LAZY_UNIT.trailing_zeros());
-        let n = 1u32 << (order - MIN_ORDER);
-        loop {
-            let idx = self.buddy.frontier;
-            if idx as usize + n as usize > span_pages {
-                return false;
+        let room = ((span_pages - idx as usize) / pages as usize) as u32;
+        let count = if self.lazy { 1 } else { (idx / pages / 4).clamp(1, MAX_GROW_TOPS).min(room) };
+        self.growing = true;
+        Some(Growth { idx, order, count, lazy: self.lazy })
+    }
+
+    /// Adds what [`Growth::run`] did to the buddy: the new block, or a hole where something else had
+    /// mapped a lazy piece. Returns whether the OS refused.
+    fn finish_grow(&mut self, g: Growth, r: Grown) -> bool {
+        self.growing = false;
+        let pages = 1u32 << (g.order - MIN_ORDER);
+        // SAFETY: g.idx is still the frontier (only the one thread growing moves it, here), aligned to
+        // the block or piece (every piece and hole of a lazy window has the same size), and the page
+        // map covers the whole region; `n` top blocks from it were committed.
+        unsafe {
+            match r {
+                Grown::Done(_) if g.lazy => self.buddy.add_block(g.idx, g.order),
+                Grown::Done(n) => {
+                    for i in 0..n {
+                        self.buddy.add_top(g.idx + i * pages);
+                    }
+                }
+                Grown::Taken => self.buddy.add_hole(g.idx, pages),
+                Grown::Refused => return true,
             }
-            // SAFETY: the piece is page aligned, inside the window, beyond the frontier: nothing of
-            // ours is there.
-            match unsafe { os::map_at(addr_of(idx) as *mut u8, n as usize * PAGE) } {
-                // SAFETY: idx is the frontier, aligned to the piece (every piece and hole has the
-                // same size), and the page map covers the window.
-                Ok(()) => unsafe {
-                    self.buddy.add_block(idx, order);
-                    return true;
-                },
-                // SAFETY: as above.
-                Err(os::MapAt::Taken) => unsafe { self.buddy.add_hole(idx, n) },
-                Err(os::MapAt::Refused) => return false,
-            }
+        }
+        false
+    }
+
+    /// On a slow path: in a `fork` child, forgets the growth and the purges that the parent's other
+    /// threads had under way (those threads do not exist here; their pages stay out of the lists).
+    fn forget_other_threads_after_fork(&mut self) {
+        let pid = os::pid();
+        if self.pid != pid {
+            self.pid = pid;
+            self.growing = false;
+            self.in_flight = 0;
         }
     }
 
     /// Purges a free block; under `EDGEPOOL_SECURE` also makes it inaccessible (`SEALED`), so that a
     /// write after free into it faults instead of landing in memory that will be handed out again.
     fn purge_block(&mut self, idx: u32, order: u32) -> Option<u8> {
-        let len = 1usize << order;
-        let p = addr_of(idx) as *mut u8;
-        // SAFETY: the block is free (so dead) and inside the committed region.
-        if !unsafe { os::purge(p, len) } {
-            return None;
-        }
-        stats::add(&COUNTERS.purges, 1);
-        stats::add(&COUNTERS.purged_bytes, len);
-        // SAFETY: as above; the block is unsealed before it is handed out (`Inner::alloc`).
-        Some(if self.secure && unsafe { os::protect(p, len, false) } { SEALED } else { 0 })
+        purge_pages(idx, order, self.secure)
     }
 
     /// Purges free dirty blocks, smallest first, until at least `want` bytes are clean (or none is
@@ -376,18 +455,40 @@ impl Inner {
         keep.max(self.warm)
     }
 
+    /// Purges `want` bytes of dirty free memory, smallest blocks first: takes them out of the free
+    /// lists into `batch`, to be purged once the lock is dropped ([`PurgeBatch::run`]), as many as
+    /// it holds (a purge of a few MiB takes long enough to queue every other thread's allocation
+    /// behind it). Under a budget it purges at once instead: blocks being purged count as taken,
+    /// and a concurrent request must not be refused for them.
+    fn purge_soon(&mut self, want: usize, batch: &mut PurgeBatch) {
+        if self.limit != 0 {
+            self.purge(want);
+            return;
+        }
+        batch.secure = self.secure;
+        let mut want = want;
+        while want > 0 && batch.n < PURGE_BATCH {
+            let Some((idx, order, flags)) = self.buddy.take_dirty() else { break };
+            batch.blocks[batch.n] = (idx, order, flags);
+            batch.n += 1;
+            self.in_flight += 1 << order;
+            want = want.saturating_sub(1 << order);
+        }
+        batch.more = if batch.n == PURGE_BATCH { want } else { 0 };
+    }
+
     /// About to hand out `bytes` of clean memory (new page faults): first purge as much dirty memory
     /// beyond the threshold, so that waiting free memory never adds to the resident set.
-    fn make_room(&mut self, bytes: usize) {
+    fn make_room(&mut self, bytes: usize, batch: &mut PurgeBatch) {
         let keep = self.retain_now();
         if self.buddy.dirty_bytes > keep {
-            self.purge((self.buddy.dirty_bytes - keep).min(bytes));
+            self.purge_soon((self.buddy.dirty_bytes - keep).min(bytes), batch);
         }
     }
 
     /// Decay: purges the dirty bytes beyond the threshold ([`Inner::retain_now`]) once they have
     /// stayed beyond it for `PURGE_DELAY`; with a delay of 0, at once.
-    fn decay(&mut self) {
+    fn decay(&mut self, batch: &mut PurgeBatch) {
         let keep = self.retain_now();
         if self.buddy.dirty_bytes <= keep {
             self.over_since = 0;
@@ -403,7 +504,7 @@ impl Inner {
                 return;
             }
         }
-        self.purge(self.buddy.dirty_bytes - keep);
+        self.purge_soon(self.buddy.dirty_bytes - keep, batch);
         self.over_since = 0;
     }
 
@@ -424,8 +525,16 @@ impl Inner {
     }
 
     /// Allocates a block of `order` marked `kind` or, for `kind == Large`, a run of `run` pages
-    /// aligned to `order`; grows the region and honours the budget.
-    fn alloc(&mut self, order: u32, kind: PageKind, run: u32) -> Option<(u32, u8)> {
+    /// aligned to `order`, honouring the budget. When the region must grow, returns the growth to
+    /// do without the lock (unless `may_grow` is false: the last growth was refused).
+    fn alloc(
+        &mut self,
+        order: u32,
+        kind: PageKind,
+        run: u32,
+        may_grow: bool,
+        batch: &mut PurgeBatch,
+    ) -> Result<(u32, u8), Miss> {
         let mut purged = false;
         let large = kind == PageKind::Large;
         let bytes = if large { run as usize * PAGE } else { 1usize << order };
@@ -434,8 +543,14 @@ impl Inner {
             let got = match took {
                 Some(g) => Some(g),
                 None => {
-                    if self.grow() {
-                        continue;
+                    self.forget_other_threads_after_fork();
+                    if self.growing {
+                        return Err(Miss::Busy);
+                    }
+                    if may_grow {
+                        if let Some(g) = self.plan_grow() {
+                            return Err(Miss::Grow(g));
+                        }
                     }
                     // The region cannot grow (the OS refused, or it is full): dirty free blocks do not
                     // merge with clean buddies, so purge them, let them merge, and look again.
@@ -444,23 +559,27 @@ impl Inner {
                         purged = true;
                         continue;
                     }
+                    // Blocks out for purging may serve it once back.
+                    if self.in_flight > 0 {
+                        return Err(Miss::Busy);
+                    }
                     None
                 }
             };
             let Some((idx, flags)) = got else {
                 stats::add(&COUNTERS.oom_refusals, 1);
-                return None;
+                return Err(Miss::Refused);
             };
             // SAFETY: the block or run was just allocated and nobody else knows it.
             if flags & SEALED != 0 && !unsafe { os::protect(addr_of(idx) as *mut u8, bytes, true) } {
                 // SAFETY: as above.
                 unsafe { self.give_back(idx, order, run, flags) };
                 stats::add(&COUNTERS.oom_refusals, 1);
-                return None;
+                return Err(Miss::Refused);
             }
             let flags = flags & !SEALED;
             if flags & DIRTY == 0 {
-                self.make_room(bytes);
+                self.make_room(bytes, batch);
             }
             if self.limit != 0 && self.os_bytes() > self.limit {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
@@ -472,11 +591,11 @@ impl Inner {
                     continue;
                 }
                 stats::add(&COUNTERS.budget_refusals, 1);
-                return None;
+                return Err(Miss::Refused);
             }
             self.note_peak();
-            self.decay();
-            return Some((idx, flags));
+            self.decay(batch);
+            return Ok((idx, flags));
         }
     }
 
@@ -488,6 +607,71 @@ impl Inner {
         }
         self.purge_all();
         self.os_bytes() + extra <= self.limit
+    }
+}
+
+/// Purges the free block of `order` at page `idx` (under the heap's lock or, taken out of the free
+/// lists by [`Buddy::take_dirty`], outside it), sealing it under `EDGEPOOL_SECURE`. Returns the flags
+/// to add (`SEALED` or none), or `None` if the OS refused.
+fn purge_pages(idx: u32, order: u32, secure: bool) -> Option<u8> {
+    let len = 1usize << order;
+    let p = addr_of(idx) as *mut u8;
+    // SAFETY: the block is free (so dead) and inside the committed region; nobody else can take it
+    // (it is on a free list under the lock, or taken out by take_dirty).
+    if !unsafe { os::purge(p, len) } {
+        return None;
+    }
+    stats::add(&COUNTERS.purges, 1);
+    stats::add(&COUNTERS.purged_bytes, len);
+    // SAFETY: as above; the block is unsealed before it is handed out (`Inner::alloc`).
+    Some(if secure && unsafe { os::protect(p, len, false) } { SEALED } else { 0 })
+}
+
+/// Most dirty blocks one decay takes out of the free lists to purge outside the lock.
+const PURGE_BATCH: usize = 8;
+
+/// Dirty blocks taken out of the free lists to be purged with the heap unlocked: page index, order,
+/// flags.
+struct PurgeBatch {
+    blocks: [(u32, u32, u8); PURGE_BATCH],
+    n: usize,
+    /// Bytes still to purge when the batch filled up: [`PurgeBatch::run`] takes more.
+    more: usize,
+    secure: bool,
+}
+
+impl PurgeBatch {
+    const fn new() -> Self {
+        PurgeBatch { blocks: [(0, 0, 0); PURGE_BATCH], n: 0, more: 0, secure: false }
+    }
+
+    /// Purges the blocks (the heap unlocked) and puts them back on the free lists, clean, under the
+    /// lock; a block the OS refused to purge goes back dirty. When the batch was too small for what
+    /// was asked, takes the next blocks (as many as are still beyond the threshold) and goes on.
+    fn run(&mut self) {
+        while self.n > 0 {
+            let mut flags = [0u8; PURGE_BATCH];
+            for (f, &(idx, order, old)) in flags.iter_mut().zip(&self.blocks[..self.n]) {
+                *f = match purge_pages(idx, order, self.secure) {
+                    Some(extra) => (old & !DIRTY) | extra,
+                    None => old,
+                };
+            }
+            let refused = flags[..self.n].iter().any(|f| f & DIRTY != 0);
+            with_heap(|h| {
+                for (&f, &(idx, order, _)) in flags.iter().zip(&self.blocks[..self.n]) {
+                    // SAFETY: taken by take_dirty for this batch and not put back since; purged
+                    // unless `f` still says DIRTY.
+                    unsafe { h.buddy.put_back(idx, order, f) };
+                    h.in_flight -= 1 << order;
+                }
+                self.n = 0;
+                let (more, keep) = (core::mem::take(&mut self.more), h.retain_now());
+                if more > 0 && !refused && h.buddy.dirty_bytes > keep {
+                    h.purge_soon(more.min(h.buddy.dirty_bytes - keep), self);
+                }
+            });
+        }
     }
 }
 
@@ -510,6 +694,39 @@ pub fn max_block() -> usize {
     MAX_BLOCK.load(Ordering::Relaxed)
 }
 
+/// Runs `f` with the heap locked and a batch of blocks to purge, then purges them with the heap
+/// unlocked.
+fn with_heap_then_purge<R>(f: impl FnOnce(&mut Inner, &mut PurgeBatch) -> R) -> R {
+    let mut batch = PurgeBatch::new();
+    let r = with_heap(|h| f(h, &mut batch));
+    batch.run();
+    r
+}
+
+/// How often an allocation waits for another thread's growth or purge before it gives up (a
+/// safeguard: those always finish, in microseconds to milliseconds).
+const BUSY_RETRIES: usize = 100_000;
+
+/// [`with_heap_then_purge`] for an allocation `f`: grows the region without the lock when `f` asks
+/// for it, and waits (yielding) while another thread grows it or has blocks out for purging.
+fn alloc_retrying<R>(mut f: impl FnMut(&mut Inner, bool, &mut PurgeBatch) -> Result<R, Miss>) -> Option<R> {
+    let mut may_grow = true;
+    for _ in 0..BUSY_RETRIES {
+        match with_heap_then_purge(|h, batch| f(h, may_grow, batch)) {
+            Ok(r) => return Some(r),
+            Err(Miss::Refused) => return None,
+            Err(Miss::Busy) => os::sleep_ns(20_000),
+            Err(Miss::Grow(g)) => {
+                let r = g.run();
+                if with_heap(|h| h.finish_grow(g, r)) {
+                    may_grow = false;
+                }
+            }
+        }
+    }
+    None
+}
+
 /// Allocates a block of `order` and marks it `kind` (`Slab`, `Meta` or `Arena`; every page of a slab
 /// or arena chunk is marked); `load` records that a load phase allocated it. Returns the address and
 /// whether the memory may be dirty (not known zero).
@@ -518,15 +735,15 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
     if !ensure_init() {
         return None;
     }
-    with_heap(|h| {
+    alloc_retrying(|h, may_grow, batch| {
         // Under EDGEPOOL_SECURE a slab takes a block twice its size: the slab, then a guard page
         // (inaccessible), then pages never touched. An overflow past the slab's last slot faults.
         let guard = kind == PageKind::Slab && h.secure;
         let take = order + u32::from(guard);
         if take > h.buddy.top {
-            return None;
+            return Err(Miss::Refused);
         }
-        let (idx, flags) = h.alloc(take, kind, 0)?;
+        let (idx, flags) = h.alloc(take, kind, 0, may_grow, batch)?;
         let n = 1u32 << (order - MIN_ORDER);
         // SAFETY: idx..idx+n are pages of the block just allocated, below the frontier.
         unsafe {
@@ -549,7 +766,7 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
             // The block may have been a user's, freed (inaccessible to valgrind): now it is ours.
             crate::valgrind::defined(p, 1 << order);
         }
-        Some((p, flags & (DIRTY | USED) != 0))
+        Ok((p, flags & (DIRTY | USED) != 0))
     })
 }
 
@@ -563,14 +780,14 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8
     }
     let run = size.div_ceil(PAGE) as u32;
     let order = order_for(PAGE, align);
-    with_heap(|h| {
+    alloc_retrying(|h, may_grow, batch| {
         if run as usize > (1usize << (h.buddy.top - MIN_ORDER)) || order > h.buddy.top {
-            return None;
+            return Err(Miss::Refused);
         }
-        let (idx, flags) = h.alloc(order, PageKind::Large, run)?;
+        let (idx, flags) = h.alloc(order, PageKind::Large, run, may_grow, batch)?;
         // SAFETY: idx is the head just allocated.
         unsafe { h.buddy.entry_mut(idx).load = u8::from(load) };
-        Some((addr_of(idx) as *mut u8, flags, run as usize * PAGE))
+        Ok((addr_of(idx) as *mut u8, flags, run as usize * PAGE))
     })
 }
 
@@ -581,7 +798,7 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8
 /// - `p` was returned by [`alloc_block`] or [`alloc_large`] and not freed since; nothing uses it any
 ///   more.
 pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
-    with_heap(|h| {
+    with_heap_then_purge(|h, batch| {
         let idx = index_of(p as usize);
         // SAFETY: p is the head of an allocated block (caller's contract), so idx is below frontier.
         let e = unsafe { h.buddy.entry(idx) };
@@ -606,7 +823,7 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
             unsafe { h.buddy.free(idx, order, DIRTY | sealed) };
             1usize << order
         };
-        h.decay();
+        h.decay(batch);
         (e.load != 0, size)
     })
 }
@@ -637,7 +854,7 @@ pub unsafe fn block_size(p: *mut u8) -> usize {
 /// - `p` is the head of a live large block owned by the caller.
 pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
     let m = new_size.div_ceil(PAGE);
-    with_heap(|h| {
+    with_heap_then_purge(|h, batch| {
         if m > (1usize << (h.buddy.top - MIN_ORDER)) {
             return None;
         }
@@ -659,7 +876,7 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
             return None;
         }
         if m < n {
-            h.decay();
+            h.decay(batch);
             return Some(m * PAGE);
         }
         // SAFETY: the pages just claimed are the caller's now; under EDGEPOOL_SECURE they may have
@@ -676,7 +893,7 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         // Clean pages claimed fault in when used: make room as for any clean allocation.
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
         if clean > 0 {
-            h.make_room(clean);
+            h.make_room(clean, batch);
         }
         h.note_peak();
         Some(m * PAGE)

@@ -259,11 +259,22 @@ pub unsafe fn populate(p: *mut u8, len: usize) -> bool {
     // errno is preserved: malloc must not change it on success.
     unsafe {
         let e = errno();
-        let ok = libc::madvise(p.cast(), len, libc::MADV_POPULATE_WRITE) == 0;
+        let mut ok = true;
+        let mut off = 0;
+        while ok && off < len {
+            let n = (len - off).min(POPULATE_PIECE);
+            ok = libc::madvise(p.add(off).cast(), n, libc::MADV_POPULATE_WRITE) == 0;
+            off += n;
+        }
         set_errno(e);
         ok
     }
 }
+
+/// [`populate`] works in pieces of this size: each `madvise` holds the process's memory-map lock
+/// for reading while it faults its pieces in, and a long one stalls every `mmap`, `mprotect` and
+/// `munmap` of the process (and, behind a waiting writer, every other page fault).
+const POPULATE_PIECE: usize = 2 << 20;
 
 /// Makes every page that `[p, p+len)` touches resident and writable, without changing any byte:
 /// `MADV_POPULATE_WRITE` on those pages (Linux 5.14+) or, where the kernel refuses, one byte of the
@@ -333,6 +344,12 @@ pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
     } else {
         q.cast()
     }
+}
+
+/// The process id (a system call: for slow paths).
+pub fn pid() -> u32 {
+    // SAFETY: getpid has no preconditions and cannot fail.
+    unsafe { libc::getpid() as u32 }
 }
 
 /// The calling thread's `errno`.

@@ -70,6 +70,10 @@ counters! {
     budget_refusals,
     /// requests refused because the OS or the reservation had no memory left
     oom_refusals,
+    /// lock acquisitions that found the lock taken (all of edgepool's locks; in practice the heap's)
+    lock_contended,
+    /// nanoseconds threads spent waiting for those locks
+    lock_wait_ns,
 }
 
 pub static COUNTERS: Counters = Counters::new();

@@ -26,6 +26,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::os;
+use crate::stats::{self, COUNTERS};
 
 /// A futex lock with a fixed place in the lock order.
 pub struct RawLock {
@@ -92,19 +93,26 @@ impl RawLock {
         }
     }
 
+    /// The lock was taken: spin briefly, then sleep on the futex. Counts the contended acquisition
+    /// and the time it waited (`lock_contended`, `lock_wait_ns`; only here, never on the fast path).
     #[cold]
     fn lock_slow(&self) {
-        for _ in 0..100 {
-            if self.state.load(Ordering::Relaxed) == 0
-                && self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
-            {
-                return;
+        let t0 = os::now_ns();
+        'wait: {
+            for _ in 0..100 {
+                if self.state.load(Ordering::Relaxed) == 0
+                    && self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                {
+                    break 'wait;
+                }
+                os::spin_hint();
             }
-            os::spin_hint();
+            while self.state.swap(2, Ordering::Acquire) != 0 {
+                os::futex_wait(&self.state, 2);
+            }
         }
-        while self.state.swap(2, Ordering::Acquire) != 0 {
-            os::futex_wait(&self.state, 2);
-        }
+        stats::add(&COUNTERS.lock_contended, 1);
+        stats::add(&COUNTERS.lock_wait_ns, os::now_ns().saturating_sub(t0) as usize);
     }
 
     #[inline]
@@ -173,6 +181,23 @@ mod tests {
             Some(CACHE_POOL.rank)
         );
         assert_eq!(out_of_order(0, PHASE_C.rank), None);
+    }
+
+    #[test]
+    fn a_contended_acquisition_is_counted_with_its_wait() {
+        static L: RawLock = RawLock::new(31, "test");
+        let before = COUNTERS.snapshot();
+        L.lock();
+        let t = std::thread::spawn(|| {
+            L.lock();
+            L.unlock();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        L.unlock();
+        t.join().unwrap();
+        let after = COUNTERS.snapshot();
+        assert!(after.lock_contended > before.lock_contended);
+        assert!(after.lock_wait_ns - before.lock_wait_ns >= 20_000_000, "{before:?} {after:?}");
     }
 
     #[test]

@@ -19,6 +19,14 @@ fn child() {
         "generate" => tract_loader::generate(&model, 6),
         "load" => tract_loader::load(&model, false).unwrap(),
         "load-phase" => tract_loader::load(&model, true).unwrap(),
+        "load-phase-4" => {
+            let how = tract_loader::Load {
+                mode: Some(edgepool::PhaseMode::Segregated),
+                threads: 4,
+                ..tract_loader::Load::default()
+            };
+            tract_loader::load_with(&model, &how).unwrap()
+        }
         other => panic!("{other}"),
     }
 }
@@ -30,6 +38,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> String {
         ["generate", m, _] => ("generate", m),
         ["load", m] => ("load", m),
         ["load", m, "--phase"] => ("load-phase", m),
+        ["load", m, "--phase", "--threads=4"] => ("load-phase-4", m),
         _ => unreachable!(),
     };
     c.env("EDGEPOOL_TEST_TRACT", what).env("EDGEPOOL_TEST_MODEL", model);
@@ -88,5 +97,30 @@ fn tract_loads_a_unet_with_less_memory_after_the_phase() {
         "held after the phase {after} > before {before} + survivors {survivors}: {phase}"
     );
     assert!(num(&phase, "phase_allocations") > 1000);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Four threads load the model at once under one process-wide phase: every thread's model computes
+/// the single-threaded run's output (the loader checks the four against each other), the phase
+/// counts the four loads' allocations, and the heap's invariants hold afterwards.
+#[test]
+fn four_threads_load_at_once_under_a_process_wide_phase() {
+    let dir = std::env::temp_dir().join(format!("edgepool-tract4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("unet.onnx");
+    let model = model.to_str().unwrap();
+    run(&["generate", model, "6"], &[]);
+    let one = run(&["load", model, "--phase"], &[]);
+    let four = run(&["load", model, "--phase", "--threads=4"], &[]);
+    eprintln!("{one}\n{four}");
+    assert_eq!(get(&four, "threads"), "4");
+    assert_eq!(get(&four, "out_sum"), get(&one, "out_sum"));
+    assert_eq!(get(&four, "out_first"), get(&one, "out_first"));
+    // Four loads allocate about four times as often as one.
+    let (a1, a4) = (num(&one, "phase_allocations"), num(&four, "phase_allocations"));
+    assert!(a4 > 3 * a1, "allocations in the phase: {a1} for one load, {a4} for four");
+    // Each model's weights survive: four times one load's survivors, give or take partly used slabs.
+    let (s1, s4) = (num(&one, "phase_survivors"), num(&four, "phase_survivors"));
+    assert!(s4 >= 4 * s1 - (4 << 20), "survivors: {s1} for one load, {s4} for four");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -54,6 +54,8 @@ struct edgepool_stats {
     uint64_t arena_chunks_released;  /* load-arena chunks given back */
     uint64_t budget_refusals;        /* requests refused by the memory budget */
     uint64_t oom_refusals;           /* requests refused for lack of memory from the OS */
+    uint64_t lock_contended;         /* lock acquisitions that found the lock taken (in practice the heap's) */
+    uint64_t lock_wait_ns;           /* nanoseconds threads spent waiting for those locks */
 };
 int edgepool_stats(struct edgepool_stats *out, size_t size);
 

@@ -200,6 +200,9 @@ pub struct Load {
     pub populate: bool,
     /// `edgepool::prefault_free(bytes)` after loading, before the first inference.
     pub prefault_free: usize,
+    /// Threads loading the model at once (0 or 1: the calling thread alone). With several, the load
+    /// phase is process-wide (`load_phase_process_with`) and every thread's model runs once.
+    pub threads: usize,
 }
 
 /// Builds the runnable model from its protobuf.
@@ -232,8 +235,16 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
     let rss_before_kb = status_kb("VmRSS:");
     let heap_before = live_heap(c"live_heap_bytes");
     let t0 = Instant::now();
-    let guard = how.mode.map(edgepool::load_phase_with);
-    let model = build(&decode(path, how)?)?;
+    let threads = how.threads.max(1);
+    let guard = how.mode.map(if threads > 1 { edgepool::load_phase_process_with } else { edgepool::load_phase_with });
+    let mut models = if threads == 1 {
+        vec![build(&decode(path, how)?)?]
+    } else {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads).map(|_| s.spawn(|| build(&decode(path, how)?))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<TractResult<Vec<_>>>()
+        })?
+    };
     let report = guard.map(|g| g.finish());
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let peak_kb = status_kb("VmHWM:");
@@ -246,9 +257,17 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
     let prefault_ms = t.elapsed().as_secs_f64() * 1e3;
     let f0 = minor_faults();
     let t1 = Instant::now();
-    let out = model.run(tvec!(input.into()))?;
+    let model = models.remove(0);
+    let out = model.run(tvec!(input.clone().into()))?;
     let infer_ms = t1.elapsed().as_secs_f64() * 1e3;
     let infer_faults = minor_faults() - f0;
+    // Every other thread's model computes the same output as the first, bit for bit.
+    for m in &models {
+        let o = m.run(tvec!(input.clone().into()))?;
+        if o[0] != out[0] {
+            tract_onnx::tract_core::internal::bail!("the models loaded by different threads compute different outputs");
+        }
+    }
     let view = out[0].to_plain_array_view::<f32>()?;
     let sum: f64 = view.iter().map(|&v| v as f64).sum();
     let first: Vec<String> = view.iter().take(4).map(|v| format!("{v:e}")).collect();
@@ -261,7 +280,7 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
         (Choice::Edgepool, None) => "edgepool",
     };
     print!(
-        "allocator={alloc} load_ms={load_ms:.1} infer_ms={infer_ms:.1} infer_faults={infer_faults} peak_rss={} rss_after_load={} rss_before={} out_sum={sum:e} out_first={}",
+        "allocator={alloc} threads={threads} load_ms={load_ms:.1} infer_ms={infer_ms:.1} infer_faults={infer_faults} peak_rss={} rss_after_load={} rss_before={} out_sum={sum:e} out_first={}",
         peak_kb * 1024,
         after_kb * 1024,
         rss_before_kb * 1024,
@@ -272,6 +291,10 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
     }
     if let (Some(b), Some(p)) = (heap_before, heap_peak) {
         print!(" heap_before={b} heap_peak={p}");
+    }
+    if choice() == Choice::Edgepool {
+        let c = edgepool::stats().counters;
+        print!(" lock_contended={} lock_wait_ms={:.1}", c.lock_contended, c.lock_wait_ns as f64 / 1e6);
     }
     if let Some(r) = report {
         print!(

@@ -1,5 +1,5 @@
 """python/edgepool.py with onnxruntime: a session created inside edgepool.load_phase(), then stats,
-trim and the budget. Prints one line of results. Usage: python py_module.py MODEL_PATH"""
+trim, prefault_free and the budget. Prints one line of results. Usage: python py_module.py MODEL_PATH"""
 import sys
 
 import numpy as np
@@ -17,6 +17,8 @@ x = np.random.default_rng(99).standard_normal((1, 3, 64, 64)).astype(np.float32)
 y = sess.run(None, {"X": x})[0]
 after = edgepool.stats()
 trimmed = edgepool.trim()
+warmed = edgepool.prefault_free(8 << 20)
+edgepool.prefault_free(0)
 edgepool.set_limit(after["os_bytes"] + (1 << 20))
 try:
     big = bytearray(512 << 20)
@@ -27,5 +29,5 @@ edgepool.set_limit(0)
 print(
     f"version={edgepool.version()} allocations={r.allocations} peak={r.peak_bytes} survivors={r.survivor_bytes} "
     f"released={r.released_bytes} large_allocs={after['large_allocs'] - before['large_allocs']} "
-    f"fields={len(after)} trimmed={trimmed} refused={refused} out={float(y.ravel()[0])!r}"
+    f"fields={len(after)} trimmed={trimmed} warmed={warmed} refused={refused} out={float(y.ravel()[0])!r}"
 )
