@@ -192,14 +192,14 @@ fn child_main(args: &[String]) {
     }
     if let Some(path) = &curve {
         edgepool::curve::start(path, std::time::Duration::from_millis(2)).expect("the memory curve");
+        // The run phase after the step down, the model still loaded, for the curve.
+        how.hold_ms = 150;
     }
     if let Err(e) = load_with(model, &how) {
         eprintln!("demo: {e:?}");
         std::process::exit(1);
     }
     if curve.is_some() {
-        // The run phase after the step down, for the curve.
-        std::thread::sleep(std::time::Duration::from_millis(150));
         edgepool::curve::stop();
     }
 }

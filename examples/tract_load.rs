@@ -50,15 +50,17 @@ fn main() {
                     .find_map(|a| a.strip_prefix("--threads="))
                     .map(|v| v.parse().expect("--threads=N"))
                     .unwrap_or(1),
+                // `--hold-ms=N`: stay alive N ms after the inference, the model still loaded (for
+                // memory curves, which then show the run phase after the step down).
+                hold_ms: args
+                    .iter()
+                    .find_map(|a| a.strip_prefix("--hold-ms="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
             };
             if let Err(e) = load_with(&args[2], &how) {
                 eprintln!("tract_load: {e:?}");
                 std::process::exit(1);
-            }
-            // `--hold-ms=N`: stay alive N ms after the inference (for memory curves, which then show
-            // the run phase after the step down).
-            if let Some(ms) = args.iter().find_map(|a| a.strip_prefix("--hold-ms=")).and_then(|v| v.parse().ok()) {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
             }
         }
         _ => {

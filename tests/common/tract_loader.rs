@@ -189,6 +189,9 @@ fn live_heap(name: &std::ffi::CStr) -> Option<usize> {
     }
 }
 
+/// The mapping's huge-page status and bytes mapped with huge pages (`huge_pages=advised/0`).
+static HUGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// How one load is done.
 #[derive(Clone, Debug, Default)]
 pub struct Load {
@@ -200,18 +203,21 @@ pub struct Load {
     pub populate: bool,
     /// `edgepool::prefault_free(bytes)` after loading, before the first inference.
     pub prefault_free: usize,
+    /// Milliseconds to stay alive after the inference with the model still loaded (memory curves
+    /// then show the run phase after the step down).
+    pub hold_ms: u64,
     /// Threads loading the model at once (0 or 1: the calling thread alone). With several, the load
     /// phase is process-wide (`load_phase_process_with`) and every thread's model runs once.
     pub threads: usize,
 }
 
-/// Builds the runnable model from its protobuf.
-fn build(proto: &tract_onnx::pb::ModelProto) -> TractResult<std::sync::Arc<TypedRunnableModel>> {
-    tract_onnx::onnx()
-        .model_for_proto_model(proto)?
-        .with_input_fact(0, f32::fact([1, 3, 32, 32]).into())?
-        .into_optimized()?
-        .into_runnable()
+/// Builds the runnable model from its protobuf, which is dropped as soon as tract has translated
+/// it (its copy of the weights is not kept alive through the optimisation), as tract's own
+/// `model_for_path` does.
+fn build(proto: tract_onnx::pb::ModelProto) -> TractResult<std::sync::Arc<TypedRunnableModel>> {
+    let model = tract_onnx::onnx().model_for_proto_model(&proto)?;
+    drop(proto);
+    model.with_input_fact(0, f32::fact([1, 3, 32, 32]).into())?.into_optimized()?.into_runnable()
 }
 
 /// Decodes the model's protobuf from the file as `how` says, and drops the file's bytes (the
@@ -227,7 +233,18 @@ fn decode(path: &str, how: &Load) -> TractResult<tract_onnx::pb::ModelProto> {
     if how.populate {
         file.populate()?;
     }
-    Ok(tract_onnx::pb::ModelProto::decode(&file[..])?)
+    let proto = tract_onnx::pb::ModelProto::decode(&file[..])?;
+    // What the kernel did with the huge-page hint, once the whole file has been read.
+    let _ = HUGE.set(format!(
+        "{}/{}",
+        match file.huge_pages() {
+            edgepool::HugePages::Advised => "advised",
+            edgepool::HugePages::NotAsked => "not-asked",
+            edgepool::HugePages::Unavailable(_) => "unavailable",
+        },
+        file.huge_page_bytes().unwrap_or(0)
+    ));
+    Ok(proto)
 }
 
 /// Loads the model as `how` says, runs one inference, and prints one line of `key=value` figures.
@@ -238,10 +255,10 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
     let threads = how.threads.max(1);
     let guard = how.mode.map(if threads > 1 { edgepool::load_phase_process_with } else { edgepool::load_phase_with });
     let mut models = if threads == 1 {
-        vec![build(&decode(path, how)?)?]
+        vec![build(decode(path, how)?)?]
     } else {
         std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads).map(|_| s.spawn(|| build(&decode(path, how)?))).collect();
+            let hs: Vec<_> = (0..threads).map(|_| s.spawn(|| build(decode(path, how)?))).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect::<TractResult<Vec<_>>>()
         })?
     };
@@ -286,6 +303,9 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
         rss_before_kb * 1024,
         first.join(",")
     );
+    if let Some(h) = HUGE.get() {
+        print!(" huge_pages={h}");
+    }
     if how.prefault_free > 0 {
         print!(" prefaulted={warmed} prefault_ms={prefault_ms:.1}");
     }
@@ -303,5 +323,9 @@ pub fn load_with(path: &str, how: &Load) -> TractResult<()> {
         );
     }
     println!();
+    if how.hold_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(how.hold_ms));
+    }
+    drop(model);
     Ok(())
 }
