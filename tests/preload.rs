@@ -443,9 +443,13 @@ fn python3_threads_json_re_and_fork() {
     let large = run_with(Command::new("python3").arg(&script).arg("3"), true, &[("EDGEPOOL_STATS", "1")]);
     assert!(large.status.success());
     let (s, l) = (String::from_utf8_lossy(&small.stderr), String::from_utf8_lossy(&large.stderr));
-    let (rs, rl) = (stat(&s, "slab_refills"), stat(&l, "slab_refills"));
+    let rs = stat(&s, "slab_refills");
     assert!(rs > 100, "python3 did not allocate through edgepool: {s}");
-    assert!(rl > rs, "edgepool's counters did not grow with the work ({rs} -> {rl})");
+    // Three times the dicts take more large blocks (their tables grow past 4 KiB). Slab refills are
+    // no measure of the work: most reports come from short-lived child processes, with counts that
+    // vary from run to run (1400 against 1395 in one CI run).
+    let (ls, ll) = (stat(&s, "large_allocs"), stat(&l, "large_allocs"));
+    assert!(ll > ls, "edgepool's counters did not grow with the work (large_allocs {ls} -> {ll})");
 }
 
 #[test]

@@ -72,6 +72,51 @@ fn child_decay() {
 }
 
 #[test]
+fn no_decay_inside_a_load_phase_and_everything_free_goes_at_its_end() {
+    run_child("child_phase_no_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
+}
+
+#[test]
+#[ignore = "run by no_decay_inside_a_load_phase_and_everything_free_goes_at_its_end in a child process"]
+fn child_phase_no_decay() {
+    let guard = edgepool::load_phase();
+    let mut v = resident_blocks(48);
+    v.truncate(8);
+    let dirty = edgepool::stats().dirty_free_bytes;
+    assert!(dirty >= 40 * MIB, "{dirty}");
+    // Well past the delay, heap operations do not purge: the loader may take the memory again.
+    let purged = edgepool::stats().counters.purged_bytes;
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    for _ in 0..3 {
+        drop(std::hint::black_box(vec![1u8; 300 << 10]));
+    }
+    assert_eq!(edgepool::stats().counters.purged_bytes, purged, "decay purged inside the load phase");
+    // Taken again, resident: at most a block's worth of fragments (split by a slab or the small
+    // requests above) is purged on demand and faulted in fresh.
+    let rss = edgepool::os::rss_bytes();
+    let w = resident_blocks(40);
+    assert!(edgepool::stats().counters.purged_bytes <= purged + 2 * MIB);
+    assert!(edgepool::os::rss_bytes() < rss + 4 * MIB, "reused memory was faulted in again");
+    drop(w);
+    // Fresh memory still makes room first (on demand): the resident set does not grow with free memory.
+    let dirty = edgepool::stats().dirty_free_bytes;
+    let big = vec![5u8; 32 * MIB];
+    assert!(edgepool::stats().dirty_free_bytes + 31 * MIB <= dirty, "no purge on demand in the phase");
+    drop(big);
+    // The phase's end gives back everything free.
+    let r = guard.finish();
+    assert!(r.released_bytes >= 32 * MIB, "{r:?}");
+    assert_eq!(edgepool::stats().dirty_free_bytes, 0);
+    // After it, decay works again.
+    drop(v);
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    drop(std::hint::black_box(vec![1u8; 300 << 10]));
+    let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
+    assert!(edgepool::stats().dirty_free_bytes <= retain);
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
 fn fresh_memory_is_taken_only_after_waiting_memory_is_purged() {
     // No decay at all: only the on-demand purge can give memory back.
     run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000")]);
