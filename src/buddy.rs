@@ -694,17 +694,24 @@ mod tests {
         });
     }
 
+    /// On a buddy of two free 1 MiB top blocks: dirties a 256 KiB block and a 64 KiB block in one of
+    /// them (the rest free and clean) and returns their page indices.
+    fn two_tops_with_dirty_blocks(b: &mut Buddy) -> (u32, u32) {
+        let (x, _) = b.alloc(20, META).unwrap();
+        let (y, _) = b.alloc(20, META).unwrap();
+        free(b, x, 20, 0);
+        let (big, _) = b.alloc(18, META).unwrap();
+        let (small, _) = b.alloc(16, META).unwrap();
+        free(b, y, 20, 0);
+        free(b, big, 18, DIRTY);
+        free(b, small, 16, DIRTY);
+        (big, small)
+    }
+
     #[test]
     fn dirty_blocks_taken_for_purging_are_out_of_every_list_until_put_back() {
         with_buddy(20, 2, |b| {
-            let (x, _) = b.alloc(20, META).unwrap();
-            let (y, _) = b.alloc(20, META).unwrap();
-            free(b, x, 20, 0);
-            let (big, _) = b.alloc(18, META).unwrap();
-            let (small, _) = b.alloc(16, META).unwrap();
-            free(b, y, 20, 0);
-            free(b, big, 18, DIRTY);
-            free(b, small, 16, DIRTY);
+            let (big, small) = two_tops_with_dirty_blocks(b);
             let (free0, dirty0) = (b.free_bytes, b.dirty_bytes);
             // The smallest dirty block first, with its flags; it is neither free nor dirty meanwhile,
             // and the structure stays consistent (an allocated block to the checker).
@@ -749,15 +756,7 @@ mod tests {
     #[test]
     fn prefers_dirty_blocks_and_purges_smallest_first() {
         with_buddy(20, 2, |b| {
-            // Two top blocks; dirty a 64 KiB block and a 256 KiB block in the second one.
-            let (x, _) = b.alloc(20, META).unwrap();
-            let (y, _) = b.alloc(20, META).unwrap();
-            free(b, x, 20, 0);
-            let (big, _) = b.alloc(18, META).unwrap();
-            let (small, _) = b.alloc(16, META).unwrap();
-            free(b, y, 20, 0);
-            free(b, big, 18, DIRTY);
-            free(b, small, 16, DIRTY);
+            let (_, small) = two_tops_with_dirty_blocks(b);
             b.check().unwrap();
             // Dirty blocks do not merge with clean buddies: exactly the freed bytes are dirty.
             assert_eq!(b.dirty_bytes, (256 + 64) << 10);

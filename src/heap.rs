@@ -429,19 +429,11 @@ impl Inner {
         }
     }
 
-    /// Purges a free block; under `EDGEPOOL_SECURE` also makes it inaccessible (`SEALED`), so that a
-    /// write after free into it faults instead of landing in memory that will be handed out again.
-    fn purge_block(&mut self, idx: u32, order: u32) -> Option<u8> {
-        purge_pages(idx, order, self.secure)
-    }
-
     /// Purges free dirty blocks, smallest first, until at least `want` bytes are clean (or none is
     /// dirty). Returns the bytes made clean.
     fn purge(&mut self, want: usize) -> usize {
-        let mut buddy = core::mem::replace(&mut self.buddy, Buddy::empty());
-        let cleaned = buddy.purge(want, |idx, order| self.purge_block(idx, order));
-        self.buddy = buddy;
-        cleaned
+        let secure = self.secure;
+        self.buddy.purge(want, |idx, order| purge_pages(idx, order, secure))
     }
 
     fn purge_all(&mut self) -> usize {
@@ -620,8 +612,9 @@ impl Inner {
 }
 
 /// Purges the free block of `order` at page `idx` (under the heap's lock or, taken out of the free
-/// lists by [`Buddy::take_dirty`], outside it), sealing it under `EDGEPOOL_SECURE`. Returns the flags
-/// to add (`SEALED` or none), or `None` if the OS refused.
+/// lists by [`Buddy::take_dirty`], outside it). Under `EDGEPOOL_SECURE` also makes it inaccessible
+/// (`SEALED`), so that a write after free into it faults instead of landing in memory that will be
+/// handed out again. Returns the flags to add (`SEALED` or none), or `None` if the OS refused.
 fn purge_pages(idx: u32, order: u32, secure: bool) -> Option<u8> {
     let len = 1usize << order;
     let p = addr_of(idx) as *mut u8;

@@ -292,14 +292,10 @@ pub unsafe fn prefault(p: *mut u8, len: usize) -> bool {
     }
     let start = p as usize & !(PAGE - 1);
     let end = (p as usize + len).next_multiple_of(PAGE);
-    // SAFETY: every page of [start, end) holds a byte of the caller's writable range (see above);
-    // errno is preserved.
-    let ok = unsafe {
-        let e = errno();
-        let ok = libc::madvise(start as *mut c_void, end - start, libc::MADV_POPULATE_WRITE) == 0;
-        set_errno(e);
-        ok
-    };
+    // SAFETY: [start, end) is page aligned, and every page of it holds a byte of the caller's
+    // writable range (see above), so it is mapped read-write; populating changes no contents, so
+    // the bytes of the first and last page outside the range are untouched.
+    let ok = unsafe { populate(start as *mut u8, end - start) };
     if !ok {
         let mut q = p as usize;
         while q < p as usize + len {
