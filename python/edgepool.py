@@ -57,7 +57,7 @@ _STATS_FIELDS = (
     "limit_bytes", "slabs_acquired", "slabs_released", "slab_refills", "remote_frees", "large_allocs",
     "large_frees", "large_realloc_in_place", "direct_allocs", "direct_frees", "direct_bytes", "purges",
     "purged_bytes", "caches_created", "caches_adopted", "caches_abandoned", "arena_chunks_released",
-    "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns",
+    "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns", "run_cache_hits", "run_cache_bytes",
 )
 
 

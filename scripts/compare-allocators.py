@@ -6,7 +6,8 @@ median wall time and median peak RSS, with the ratio to the system allocator (gl
 
 Allocators: system (no preload), edgepool (target/release/libedgepool.so, built if needed), and the
 Debian packages libmimalloc2.0, libjemalloc2, libtcmalloc-minimal4 (installed with apt-get if missing).
-Peak RSS is the waited process's ru_maxrss (the largest of it and the children it waited for).
+Wall time and peak RSS are measured by scripts/runrss.c around the command: the waited process's
+ru_maxrss (the largest of it and the children it waited for).
 """
 import argparse
 import os
@@ -14,7 +15,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -40,21 +40,29 @@ def edgepool_lib():
     return lib
 
 
+def runrss():
+    """The measuring wrapper (scripts/runrss.c), compiled once into target/."""
+    exe = os.path.join(ROOT, "target", "runrss")
+    src = os.path.join(ROOT, "scripts", "runrss.c")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        os.makedirs(os.path.dirname(exe), exist_ok=True)
+        subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
+    return exe
+
+
 def run_once(cmd, preload, env_extra):
+    """Runs cmd once (under preload if given) and returns (wall seconds, peak RSS bytes)."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     if preload:
         env["LD_PRELOAD"] = preload
     env.update(env_extra)
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode(errors="replace")
-    p.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
+    p = subprocess.run([runrss(), *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = p.stderr.decode(errors="replace")
+    last = err.rstrip().rsplit("\n", 1)[-1].split()
+    if p.returncode != 0 or len(last) != 4 or last[0] != "runrss" or last[1] != "0":
         raise SystemExit(f"command failed under {preload or 'system'}: {err[-2000:]}")
-    return wall, ru.ru_maxrss * 1024
+    return float(last[2]), int(last[3])
 
 
 def main():

@@ -62,7 +62,8 @@ pub struct PageEntry {
     pub order: u8,
     /// `DIRTY` and `USED` bits, for a free block.
     pub flags: u8,
-    /// Of an allocated block's head: 1 if it was allocated inside a load phase, else 0.
+    /// Of an allocated block's head: 1 if it was allocated inside a load phase, 2 if it is held in a
+    /// thread's run cache (`heap::RUN_CACHED`), else 0.
     pub load: u8,
     pub prev: u32,
     pub next: u32,

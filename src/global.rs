@@ -120,6 +120,17 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
     let max = heap::max_block();
     if size <= max && align <= max {
         let load = cache::current_is_load();
+        if !load && align <= PAGE {
+            let p = cache::runs::take(size.div_ceil(PAGE));
+            if !p.is_null() {
+                stats::add(&COUNTERS.large_allocs, 1);
+                if zeroed {
+                    // SAFETY: the run holds at least `size` bytes, ours now.
+                    unsafe { core::ptr::write_bytes(p, 0, size) };
+                }
+                return p;
+            }
+        }
         return match heap::alloc_large(size, align, load) {
             Some((p, flags, bytes)) => {
                 stats::add(&COUNTERS.large_allocs, 1);
@@ -209,7 +220,16 @@ unsafe fn free_general(p: *mut u8) {
         // SAFETY: caller's contract: a live arena object.
         Some(Owner::Arena(c)) => unsafe { crate::arena::free(c, p) },
         Some(Owner::Large) => {
+            // SAFETY: `p` is a large block's head in the region (the owner look-up said so).
+            if unsafe { heap::is_run_cached(p) } {
+                os::invalid_pointer(p, "free(): double free (the block is in a thread's run cache)");
+            }
             stats::add(&COUNTERS.large_frees, 1);
+            // SAFETY: a live large block head, given up by the caller; a run allocated outside a load
+            // phase may be kept by this thread's run cache.
+            if unsafe { !heap::is_load_block(p) && cache::runs::put(p, heap::block_size(p) / PAGE) } {
+                return;
+            }
             // SAFETY: a live large block head, given up by the caller.
             let (load, size) = unsafe { heap::free_block(p) };
             if load {
@@ -352,11 +372,19 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
     q
 }
 
-/// Returns free memory to the OS: applies pending frees held by exited threads' caches, then purges
-/// every free heap page. Returns the bytes purged.
+/// Returns free memory to the OS: empties thread run caches (this thread's now, the others' at their
+/// next use), applies pending frees held by exited threads' caches, then purges every free heap
+/// page. Returns the bytes purged.
 pub fn trim() -> usize {
+    cache::runs::flush_all();
     cache::collect_abandoned();
     heap::trim()
+}
+
+/// Sets the memory budget (0 = none). Thread run caches stay off under a budget: they are emptied.
+pub fn set_limit(bytes: usize) {
+    heap::set_limit(bytes);
+    cache::runs::flush_all();
 }
 
 /// The allocator, for `#[global_allocator]`.

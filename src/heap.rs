@@ -251,6 +251,7 @@ fn init_slow() -> bool {
         h.load_retain = st.opts.get(options::LOAD_RETAIN) as usize;
         h.purge_delay = st.opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
         h.limit = st.opts.get(options::LIMIT) as usize;
+        BUDGETED.store(h.limit != 0, Ordering::Relaxed);
         h.lazy = st.lazy;
         h.secure = st.opts.get(options::SECURE) != 0;
         init::open_startup_phase(&st.opts);
@@ -826,8 +827,44 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
             1usize << order
         };
         h.decay(batch);
-        (e.load != 0, size)
+        (e.load == 1, size)
     })
+}
+
+/// `PageEntry::load` of a live large block's head: allocated outside a load phase.
+pub const RUN_LIVE: u8 = 0;
+/// `PageEntry::load` of a large block's head: held in a thread's run cache (`cache::runs`), not
+/// handed out.
+pub const RUN_CACHED: u8 = 2;
+
+/// Whether a memory budget is set (read lock-free by the thread run caches, which stay off under one).
+static BUDGETED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a memory budget is set.
+#[inline]
+pub fn budgeted() -> bool {
+    BUDGETED.load(Ordering::Relaxed)
+}
+
+/// Marks the head of the large block `p` as live again ([`RUN_LIVE`]) or held in a run cache
+/// ([`RUN_CACHED`]).
+///
+/// # Safety
+/// - `p` is the head of a large block allocated outside a load phase, owned by the caller (live, or
+///   in the caller's run cache).
+pub unsafe fn set_run_state(p: *mut u8, state: u8) {
+    // SAFETY: the head entry of a live run is only written by its owner (contract); `p` is in the
+    // region.
+    unsafe { (*page_entry(p as usize)).load = state }
+}
+
+/// Whether the large block whose head is `p` sits in a run cache: freeing it is a double free.
+///
+/// # Safety
+/// - `p` is the head of a large block (live or cached) in the region.
+pub unsafe fn is_run_cached(p: *mut u8) -> bool {
+    // SAFETY: as `is_load_block`: a head entry, read by the thread that frees it.
+    unsafe { (*page_entry(p as usize)).load == RUN_CACHED }
 }
 
 /// Whether a load phase allocated the large block whose head is `p`.
@@ -837,7 +874,7 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
 pub unsafe fn is_load_block(p: *mut u8) -> bool {
     // SAFETY: the head entry of a live run is only written by its owner (caller's contract); `p` is
     // in the region.
-    unsafe { (*page_entry(p as usize)).load != 0 }
+    unsafe { (*page_entry(p as usize)).load == 1 }
 }
 
 /// Size in bytes of the large block whose head is `p`.
@@ -958,6 +995,7 @@ pub fn prefault_free(bytes: usize) -> usize {
 pub fn set_limit(bytes: usize) {
     ensure_init();
     with_heap(|h| h.limit = bytes);
+    BUDGETED.store(bytes != 0, Ordering::Relaxed);
 }
 
 /// The statistics report: the heap's figures (under its lock) and the counters.

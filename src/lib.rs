@@ -63,6 +63,12 @@ pub mod raw {
     pub use crate::global::{alloc, alloc_zeroed, free, realloc, usable_size};
 }
 
+/// The per-thread cache of freed medium runs (large blocks of 4–64 KiB): its bounds, and what the
+/// calling thread holds (for tests and tools).
+pub mod run_cache {
+    pub use crate::cache::runs::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};
+}
+
 /// Size classes of the slab caches, largest request served by slabs, and slab size.
 pub mod classes {
     pub use crate::size_class::{natural_align, CLASS_SIZES, SLAB_SIZE, SMALL_MAX};
@@ -73,8 +79,9 @@ pub fn stats() -> Stats {
     heap::stats()
 }
 
-/// Returns free memory to the OS: applies pending frees held by exited threads' caches, then purges
-/// every free heap page. Returns the bytes purged.
+/// Returns free memory to the OS: empties the threads' run caches (the caller's now, the others' at
+/// their next allocation or free of a medium block), applies pending frees held by exited threads'
+/// caches, then purges every free heap page. Returns the bytes purged.
 pub fn trim() -> usize {
     global::trim()
 }
@@ -99,7 +106,7 @@ pub fn prefault_free(bytes: usize) -> usize {
 /// Sets the memory budget in bytes (0 = none): requests that would take edgepool's OS memory beyond
 /// it fail with a null pointer. Same as `EDGEPOOL_LIMIT`.
 pub fn set_limit(bytes: usize) {
-    heap::set_limit(bytes)
+    global::set_limit(bytes)
 }
 
 /// Walks the heap's internal structures and checks their invariants (for tests and debugging).

@@ -96,6 +96,7 @@ fn snapshot() -> Start {
 /// `end_purged` (before its slabs were settled).
 fn finish_report(start: Start, end_purged: usize, small: LoadEnd, deferred: usize) -> PhaseReport {
     let peak = heap::peak();
+    cache::runs::flush_all();
     cache::collect_abandoned();
     heap::trim();
     PhaseReport {

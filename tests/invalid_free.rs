@@ -1,7 +1,8 @@
 //! Bad frees are caught with a clear message and `abort()`: an interior pointer, a small block freed
 //! twice (onto the stack of recent frees, onto the bitmap, once on each, by another thread and by its
-//! owner in either order), a large block freed twice, a pointer that edgepool never handed out. Each case
-//! runs in a child process (this same binary), whose death by SIGABRT and message are checked.
+//! owner in either order), a large block freed twice (into the run cache or the heap), a pointer that
+//! edgepool never handed out. Each case runs in a child process (this same binary), whose death by
+//! SIGABRT and message are checked.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -48,6 +49,11 @@ fn double_free_first_remote_then_by_the_owner_aborts() {
 #[test]
 fn double_free_first_by_the_owner_then_remote_aborts() {
     expect_abort("owner_then_remote", "free(): double free detected");
+}
+
+#[test]
+fn double_free_of_a_run_in_the_run_cache_aborts() {
+    expect_abort("double_cached", "free(): double free (the block is in a thread's run cache)");
 }
 
 #[test]
@@ -113,6 +119,12 @@ fn child() {
                 let p = edgepool::raw::alloc(100, 16) as usize;
                 edgepool::raw::free(p as *mut u8);
                 std::thread::spawn(move || edgepool::raw::free(p as *mut u8)).join().unwrap();
+            }
+            "double_cached" => {
+                // A medium run: the first free keeps it in this thread's run cache.
+                let p = edgepool::raw::alloc(8192, 16);
+                edgepool::raw::free(p);
+                edgepool::raw::free(p);
             }
             "double_large" => {
                 let p = edgepool::raw::alloc(1 << 20, 16);

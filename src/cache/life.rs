@@ -179,6 +179,7 @@ unsafe fn abandon(cache: *mut Cache) {
     // SAFETY: owner until it is in the pool; rows are reached through `row` (i < ROWS).
     unsafe {
         end_arena(cache);
+        super::runs::flush(cache);
         remote::drain(cache);
         for r in 0..ROWS {
             flush_stack(cache, row(cache, r));

@@ -40,6 +40,7 @@
 
 pub mod life;
 pub mod remote;
+pub mod runs;
 pub mod settle;
 
 use core::cell::UnsafeCell;
@@ -138,6 +139,8 @@ pub struct Cache {
     all_next: *mut Cache,
     /// Next cache in the pool of abandoned caches (pool lock).
     pool_next: *mut Cache,
+    /// Recently freed medium runs (owner only; see [`runs`]).
+    runs: runs::Runs,
 }
 
 /// A static that is never written: the empty slab and the empty cache.
@@ -185,6 +188,7 @@ impl Cache {
             remote: AtomicPtr::new(core::ptr::null_mut()),
             all_next: core::ptr::null_mut(),
             pool_next: core::ptr::null_mut(),
+            runs: runs::Runs::new(),
         }
     }
 }

@@ -1,0 +1,192 @@
+//! The per-thread cache of medium runs: large blocks of 1 to [`RUN_PAGES`] pages (4–64 KiB) that the
+//! thread freed recently, kept to serve its next requests of the same page count without the heap's
+//! lock.
+//!
+//! Why: requests just above the small classes (4–16 KiB is common: buffers, hash tables, strings
+//! being built) otherwise take the one heap lock twice per block, and a free run that goes back to the
+//! heap dirty is purged and faulted in again when the heap's dirty bytes run over the threshold. On the
+//! suite's producer/consumer ring (`benches/suite/rptest.c`: three quarters 4–16 KiB, half freed by
+//! another thread) that was 530k purges and 11 s of system time for 1.2 M blocks.
+//!
+//! Bounds: [`SLOTS`] runs per page count and [`RUN_BYTES`] in all per thread; a free that finds its
+//! bin full, or the bytes at their bound, goes to the heap. A cached run stays *allocated* in the
+//! heap's view (its pages count in `os_bytes`, resident), marked [`heap::RUN_CACHED`] in its head's
+//! page entry so that freeing it again is caught as a double free. The statistics count a cached run
+//! in `run_cache_bytes`.
+//!
+//! Never while a load phase is open anywhere (loads keep their own policy: nothing waits resident
+//! beyond the live bytes), nor under a memory budget (a cached run would count against it). Emptied:
+//! at thread exit (abandonment), and by `trim()`, a phase's end and `set_limit`, which flush the
+//! calling thread's cache at once and every other thread's at its next use of it (an epoch).
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use super::Cache;
+use crate::heap;
+use crate::os::PAGE;
+use crate::phase_state;
+use crate::stats::{self, COUNTERS};
+
+/// Largest run, in pages, that a thread caches.
+pub const RUN_PAGES: usize = 16;
+/// Runs cached per page count.
+pub const SLOTS: usize = 32;
+/// Bytes a thread's run cache holds at most.
+pub const RUN_BYTES: usize = 1 << 20;
+
+/// Bumped to make every thread flush its run cache at its next use of it.
+static EPOCH: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread's run cache (a field of its [`Cache`], touched only by the owner).
+///
+/// Invariants: `slot[k][..n[k]]` are distinct live runs of exactly `k + 1` pages, not handed out,
+/// each with its head marked [`heap::RUN_CACHED`]; `bytes` is the sum of their sizes, at most
+/// [`RUN_BYTES`]; `epoch` is the [`EPOCH`] value at the last flush (or creation).
+pub struct Runs {
+    bytes: usize,
+    epoch: usize,
+    n: [u8; RUN_PAGES],
+    slot: [[*mut u8; SLOTS]; RUN_PAGES],
+}
+
+impl Runs {
+    pub const fn new() -> Runs {
+        Runs { bytes: 0, epoch: 0, n: [0; RUN_PAGES], slot: [[core::ptr::null_mut(); SLOTS]; RUN_PAGES] }
+    }
+}
+
+/// Whether run caching is on now: no load phase open, no budget.
+#[inline]
+fn enabled() -> bool {
+    !phase_state::any_active() && !heap::budgeted()
+}
+
+/// The calling thread's run cache, flushed first if the epoch moved; null if it has no cache or
+/// caching is off.
+fn my_runs() -> *mut Runs {
+    let c = super::mine();
+    if c.is_null() || super::life::exiting() || !enabled() {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: our own live cache (owner); `runs` is only touched by its owner.
+    unsafe {
+        let r = &raw mut (*c).runs;
+        let now = EPOCH.load(Ordering::Acquire);
+        if (*r).epoch != now {
+            flush_runs(r);
+            (*r).epoch = now;
+        }
+        r
+    }
+}
+
+/// A cached run of exactly `pages` pages from the calling thread's cache, or null.
+pub fn take(pages: usize) -> *mut u8 {
+    if pages == 0 || pages > RUN_PAGES {
+        return core::ptr::null_mut();
+    }
+    let r = my_runs();
+    if r.is_null() {
+        return r.cast();
+    }
+    // SAFETY: our own run cache (owner); `pages - 1 < RUN_PAGES`; a popped entry is a cached run
+    // (invariant), whose head entry we own.
+    unsafe {
+        let k = pages - 1;
+        let n = (*r).n[k] as usize;
+        if n == 0 {
+            return core::ptr::null_mut();
+        }
+        let p = (*r).slot[k][n - 1];
+        (*r).n[k] -= 1;
+        (*r).bytes -= pages * PAGE;
+        heap::set_run_state(p, heap::RUN_LIVE);
+        stats::sub(&COUNTERS.run_cache_bytes, pages * PAGE);
+        stats::add(&COUNTERS.run_cache_hits, 1);
+        p
+    }
+}
+
+/// Keeps the freed run `p` of `pages` pages in the calling thread's cache. Returns false (and keeps
+/// nothing) when caching is off or the bin or the byte bound is full: then the caller frees it to the
+/// heap.
+///
+/// # Safety
+/// - `p` is the head of a live large block of `pages` pages, allocated outside a load phase, that the
+///   caller gives up.
+pub unsafe fn put(p: *mut u8, pages: usize) -> bool {
+    if pages == 0 || pages > RUN_PAGES {
+        return false;
+    }
+    let r = my_runs();
+    if r.is_null() {
+        return false;
+    }
+    // SAFETY: our own run cache (owner); `pages - 1 < RUN_PAGES`; `p` is ours to keep (contract).
+    unsafe {
+        let k = pages - 1;
+        let n = (*r).n[k] as usize;
+        if n == SLOTS || (*r).bytes + pages * PAGE > RUN_BYTES {
+            return false;
+        }
+        heap::set_run_state(p, heap::RUN_CACHED);
+        (*r).slot[k][n] = p;
+        (*r).n[k] += 1;
+        (*r).bytes += pages * PAGE;
+    }
+    stats::add(&COUNTERS.run_cache_bytes, pages * PAGE);
+    true
+}
+
+/// Frees every run of `r` to the heap.
+///
+/// # Safety
+/// - owner: `r` is the run cache of a cache the calling thread owns.
+unsafe fn flush_runs(r: *mut Runs) {
+    // SAFETY: owner; every listed entry is a cached run (invariant), handed back once and unlisted.
+    unsafe {
+        if (*r).bytes == 0 {
+            return;
+        }
+        stats::sub(&COUNTERS.run_cache_bytes, (*r).bytes);
+        (*r).bytes = 0;
+        for k in 0..RUN_PAGES {
+            for i in 0..(*r).n[k] as usize {
+                let p = (*r).slot[k][i];
+                heap::set_run_state(p, heap::RUN_LIVE);
+                heap::free_block(p);
+            }
+            (*r).n[k] = 0;
+        }
+    }
+}
+
+/// Frees every run of `cache` to the heap (its thread is leaving it).
+///
+/// # Safety
+/// - owner: the calling thread owns `cache`.
+pub unsafe fn flush(cache: *mut Cache) {
+    // SAFETY: forwarded contract.
+    unsafe { flush_runs(&raw mut (*cache).runs) }
+}
+
+/// Makes every thread's run cache empty: the calling thread's at once, the others' at their next use
+/// of it. For `trim()`, a phase's end and a new budget.
+pub fn flush_all() {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
+    let c = super::mine();
+    if !c.is_null() && !super::life::exiting() {
+        // SAFETY: our own live cache.
+        unsafe { flush(c) };
+    }
+}
+
+/// Bytes in the calling thread's run cache (tests).
+pub fn mine_bytes() -> usize {
+    let c = super::mine();
+    if c.is_null() {
+        return 0;
+    }
+    // SAFETY: our own live cache; read by its owner.
+    unsafe { (*c).runs.bytes }
+}

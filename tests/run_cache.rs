@@ -1,0 +1,179 @@
+//! The per-thread run cache (freed large blocks of 4–64 KiB kept for the thread's next requests):
+//! it serves the next request of the same page count, stays within its bounds, and empties on
+//! `trim()`, at thread exit, at a load phase's end (and stays off during one), and under a budget.
+//! Each test runs in its own child process, so that the process-wide figures belong to it alone.
+
+use std::process::Command;
+
+use edgepool::run_cache::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};
+
+#[global_allocator]
+static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
+
+const PAGE: usize = 4096;
+
+fn run_child(test: &str) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{test} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cached_total() -> usize {
+    edgepool::stats().counters.run_cache_bytes
+}
+
+/// Empties this thread's run cache and returns the bytes other threads (the test harness's) hold in
+/// theirs, which stay put while they wait for this test.
+fn start() -> usize {
+    let _ = Vec::<u8>::with_capacity(16); // this thread has a cache
+    edgepool::trim();
+    assert_eq!(mine_bytes(), 0);
+    cached_total()
+}
+
+/// Allocates `n` blocks of `pages` pages, writes them, and frees them; returns their addresses.
+fn churn(n: usize, pages: usize) -> Vec<usize> {
+    let blocks: Vec<*mut u8> = (0..n).map(|_| edgepool::raw::alloc(pages * PAGE, 16)).collect();
+    for &p in &blocks {
+        assert!(!p.is_null());
+        // SAFETY: a live block of `pages * PAGE` bytes.
+        unsafe { p.write_bytes(0x5A, pages * PAGE) };
+    }
+    let addrs = blocks.iter().map(|&p| p as usize).collect();
+    for p in blocks {
+        // SAFETY: live, freed once.
+        unsafe { edgepool::raw::free(p) };
+    }
+    addrs
+}
+
+#[test]
+fn serves_the_next_request_and_stays_bounded() {
+    run_child("child_serves_and_bounded");
+}
+
+#[test]
+#[ignore = "run by serves_the_next_request_and_stays_bounded in a child process"]
+fn child_serves_and_bounded() {
+    let others = start();
+    let freed = churn(4, 2);
+    assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+    assert_eq!(cached_total(), others + mine_bytes());
+    // The next request of two pages (8 KiB or a little less) takes one of them, without the heap.
+    let hits = edgepool::stats().counters.run_cache_hits;
+    let large = edgepool::stats().counters.large_allocs;
+    let p = edgepool::raw::alloc(2 * PAGE - 100, 16);
+    assert!(freed.contains(&(p as usize)), "not a cached run");
+    assert_eq!(edgepool::stats().counters.run_cache_hits, hits + 1);
+    assert_eq!(edgepool::stats().counters.large_allocs, large + 1);
+    assert_eq!(mine_bytes(), 3 * 2 * PAGE);
+    // A zeroed request served from the cache reads zero (the run held 0x5A).
+    let z = edgepool::raw::alloc_zeroed(2 * PAGE, 16);
+    // SAFETY: a live block of 2 pages.
+    assert!(unsafe { std::slice::from_raw_parts(z, 2 * PAGE) }.iter().all(|&b| b == 0));
+    // SAFETY: live, freed once.
+    unsafe {
+        edgepool::raw::free(p);
+        edgepool::raw::free(z);
+    }
+    // No more than SLOTS runs of one page count, no more than RUN_BYTES in all.
+    churn(3 * SLOTS, 2);
+    assert_eq!(mine_bytes(), SLOTS * 2 * PAGE, "the two-page bin not filled to SLOTS");
+    churn(200, RUN_PAGES);
+    assert!(mine_bytes() <= RUN_BYTES && mine_bytes() > RUN_BYTES - RUN_PAGES * PAGE, "{}", mine_bytes());
+    assert_eq!(cached_total(), others + mine_bytes());
+    // Nothing above RUN_PAGES pages is cached.
+    let before = mine_bytes();
+    churn(4, RUN_PAGES + 1);
+    assert_eq!(mine_bytes(), before);
+    // Every block the heap thinks allocated is live or cached: trim empties the cache.
+    edgepool::trim();
+    assert_eq!(mine_bytes(), 0);
+    assert_eq!(cached_total(), others);
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
+fn empties_at_thread_exit_and_for_other_threads_after_trim() {
+    run_child("child_thread_exit_and_trim");
+}
+
+#[test]
+#[ignore = "run by empties_at_thread_exit_and_for_other_threads_after_trim in a child process"]
+fn child_thread_exit_and_trim() {
+    let others = start();
+    // A thread that exits with a full cache leaves nothing cached.
+    std::thread::spawn(|| {
+        churn(8, 3);
+        assert_eq!(mine_bytes(), 8 * 3 * PAGE);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(cached_total(), others);
+    // A live thread's cache empties at its next medium free or allocation after another thread's trim.
+    let (to_main, from_worker) = std::sync::mpsc::channel();
+    let (to_worker, from_main) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        churn(8, 3);
+        to_main.send(mine_bytes()).unwrap();
+        from_main.recv().unwrap();
+        let p = edgepool::raw::alloc(3 * PAGE, 16); // the cache is flushed first, then misses
+        let left = mine_bytes();
+        // SAFETY: live, freed once (cached again).
+        unsafe { edgepool::raw::free(p) };
+        (left, mine_bytes())
+    });
+    assert_eq!(from_worker.recv().unwrap(), 8 * 3 * PAGE);
+    assert_eq!(cached_total(), others + 8 * 3 * PAGE);
+    edgepool::trim();
+    to_worker.send(()).unwrap();
+    let (left, after) = worker.join().unwrap();
+    assert_eq!(left, 0, "the worker's cache was not emptied after trim()");
+    assert_eq!(after, 3 * PAGE, "the worker's last free was not cached");
+    assert_eq!(cached_total(), others, "the worker's cache was not emptied at its exit");
+}
+
+#[test]
+fn off_during_a_load_phase_and_empty_at_its_end() {
+    run_child("child_phase");
+}
+
+#[test]
+#[ignore = "run by off_during_a_load_phase_and_empty_at_its_end in a child process"]
+fn child_phase() {
+    let others = start();
+    churn(4, 2);
+    assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+    let report = {
+        let guard = edgepool::load_phase();
+        // Inside the phase: frees go to the heap, and allocations do not take cached runs.
+        let hits = edgepool::stats().counters.run_cache_hits;
+        churn(4, 1);
+        let p = edgepool::raw::alloc(2 * PAGE, 16);
+        assert_eq!(edgepool::stats().counters.run_cache_hits, hits);
+        // SAFETY: live, freed once.
+        unsafe { edgepool::raw::free(p) };
+        assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+        guard.finish()
+    };
+    assert_eq!(mine_bytes(), 0, "the phase's end leaves runs cached");
+    assert_eq!(cached_total(), others);
+    assert!(report.peak_bytes > 0);
+    // Under a budget the cache is off too.
+    churn(2, 2);
+    assert_eq!(mine_bytes(), 2 * 2 * PAGE);
+    edgepool::set_limit(1 << 30);
+    assert_eq!(mine_bytes(), 0);
+    churn(2, 2);
+    assert_eq!(mine_bytes(), 0);
+    edgepool::set_limit(0);
+    churn(2, 2);
+    assert_eq!(mine_bytes(), 2 * 2 * PAGE);
+}
