@@ -37,7 +37,8 @@ pub enum PageKind {
     Outside = 6,
 }
 
-/// `flags` bit: the free block may hold resident (non-zero) pages.
+/// `flags` bit: the free block holds resident (non-zero) pages: at least one of its pages is dirty
+/// (see [`Buddy`]'s dirty bitmap). Of a block or run handed out: at least one of its pages was.
 pub const DIRTY: u8 = 1;
 /// `flags` bit: the free block's pages were handed out since they were committed, so they may read
 /// non-zero even when clean (a write after free into a purged page faults a page back in with the
@@ -69,20 +70,37 @@ pub struct PageEntry {
     pub next: u32,
 }
 
+/// Words of the dirty bitmap for `npages` pages.
+pub const fn bitmap_words(npages: usize) -> usize {
+    npages.div_ceil(64)
+}
+
 /// The free lists.
+///
+/// Residency is tracked per page: bit `i` of the *dirty bitmap* `bits` says that page `i` is free and
+/// dirty (freed since it was last purged, so it may be resident). Free blocks merge whatever their
+/// pages' states, so a freed block always joins its free buddy and a later request of the merged size
+/// finds it; a *mixed* block counts only its dirty pages as resident.
 ///
 /// Invariants (checked by [`Buddy::check`]):
 /// - `heads[d][o - MIN_ORDER]` starts a doubly linked list of exactly the free blocks of order `o` whose
-///   `DIRTY` flag is `d` (clean blocks in list 0, dirty ones in list 1), so that allocation can prefer
-///   memory that is already resident and purging can find dirty blocks without walking clean ones;
+///   `DIRTY` flag is `d` (blocks without a dirty page in list 0, the others in list 1), so that
+///   allocation can prefer memory that is already resident and purging can find dirty blocks without
+///   walking clean ones; a free block's `DIRTY` flag is set exactly when one of its bits is;
+/// - the bits set are exactly the dirty pages of free blocks, plus those of blocks taken out by
+///   [`Buddy::take_dirty`] and not yet put back; the bits of a block are changed only while it is on
+///   no list;
 /// - a block of order `o` starts at a page index that is a multiple of `2^(o - MIN_ORDER)`;
 /// - every page below `frontier` belongs to exactly one block (free or allocated) or one hole
 ///   (`Outside` pages, `hole_pages` in all);
-/// - two free buddies of the same order and the same state (clean or dirty) never coexist: they are
-///   merged on release; a clean and a dirty buddy stay apart until the dirty one is purged;
-/// - `free_bytes` / `dirty_bytes` are the sums of the sizes of free / free-and-dirty blocks.
+/// - two free buddies of the same order never coexist: they are merged on release;
+/// - `free_bytes` is the sum of the sizes of free blocks, `dirty_bytes` the bytes of their dirty
+///   pages; `taken_dirty` is the number of dirty pages in the block or run the last
+///   [`Buddy::alloc`] or [`Buddy::alloc_run`] handed out.
 pub struct Buddy {
     map: *mut PageEntry,
+    /// The dirty bitmap: one bit per page of the page map.
+    bits: *mut u64,
     heads: [[u32; NORDERS]; 2],
     /// Bit `o - MIN_ORDER` of `nonempty[d]` is set exactly when `heads[d][o - MIN_ORDER] != NIL`.
     nonempty: [u32; 2],
@@ -94,6 +112,8 @@ pub struct Buddy {
     pub hole_pages: u32,
     pub free_bytes: usize,
     pub dirty_bytes: usize,
+    /// Dirty pages of the block or run last handed out (resident already: no page faults).
+    pub taken_dirty: u32,
 }
 
 // SAFETY: the page map pointer is only dereferenced by the owner of the `Buddy`, which the heap
@@ -115,6 +135,7 @@ impl Buddy {
     pub const fn empty() -> Self {
         Buddy {
             map: core::ptr::null_mut(),
+            bits: core::ptr::null_mut(),
             heads: [[NIL; NORDERS]; 2],
             nonempty: [0; 2],
             top: MIN_ORDER,
@@ -122,17 +143,58 @@ impl Buddy {
             hole_pages: 0,
             free_bytes: 0,
             dirty_bytes: 0,
+            taken_dirty: 0,
         }
     }
 
     /// # Safety
     /// - `map` points to a zeroed, writable array of page entries covering every page the buddy will
-    ///   ever be given (see [`Buddy::add_top`]), and outlives the buddy.
+    ///   ever be given (see [`Buddy::add_top`]), and outlives the buddy; `bits` likewise to a zeroed
+    ///   array of words with one bit per one of those pages ([`bitmap_words`]).
     /// - `MIN_ORDER <= top <= MAX_ORDER_LIMIT`.
-    pub unsafe fn init(&mut self, map: *mut PageEntry, top: u32) {
+    pub unsafe fn init(&mut self, map: *mut PageEntry, bits: *mut u64, top: u32) {
         *self = Buddy::empty();
         self.map = map;
+        self.bits = bits;
         self.top = top;
+    }
+
+    /// Calls `f(word, mask)` for the words of the dirty bitmap that pages `[idx, idx + n)` touch, with
+    /// the mask of their bits.
+    #[inline]
+    fn for_bits(idx: u32, n: u32, mut f: impl FnMut(usize, u64)) {
+        let (mut i, end) = (idx, idx + n);
+        while i < end {
+            let b = i % 64;
+            let len = (64 - b).min(end - i);
+            let mask = if len == 64 { u64::MAX } else { ((1u64 << len) - 1) << b };
+            f((i / 64) as usize, mask);
+            i += len;
+        }
+    }
+
+    /// Dirty pages among `[idx, idx + n)`.
+    fn count_dirty(&self, idx: u32, n: u32) -> u32 {
+        let mut c = 0;
+        // SAFETY: every page passed here is below `frontier`, inside the map, so its word is inside
+        // the bitmap (`init`).
+        Self::for_bits(idx, n, |w, m| c += unsafe { (*self.bits.add(w) & m).count_ones() });
+        c
+    }
+
+    /// Marks pages `[idx, idx + n)` dirty (`on`) or clean. Returns how many were dirty before.
+    fn set_dirty(&mut self, idx: u32, n: u32, on: bool) -> u32 {
+        let mut c = 0;
+        let bits = self.bits;
+        Self::for_bits(idx, n, |w, m| {
+            // SAFETY: as in `count_dirty`; `&mut self` makes the access exclusive.
+            unsafe {
+                let p = bits.add(w);
+                c += (*p & m).count_ones();
+                *p = if on { *p | m } else { *p & !m };
+            }
+        });
+        c
     }
 
     /// A copy of the page-map entry of page `idx`.
@@ -164,7 +226,11 @@ impl Buddy {
         e.load = 0;
     }
 
+    /// Puts the block of `order` at `idx` on its free list. Its `DIRTY` flag comes from the bitmap
+    /// (and implies `USED`); the other bits of `flags` are kept.
     fn push(&mut self, idx: u32, order: u32, flags: u8) {
+        let d = self.count_dirty(idx, pages(order));
+        let flags = if d > 0 { flags | DIRTY | USED } else { flags & !DIRTY };
         let (l, h) = (list(flags), (order - MIN_ORDER) as usize);
         let old = self.heads[l][h];
         self.set_head(idx, PageKind::Free, order, flags);
@@ -179,11 +245,8 @@ impl Buddy {
         }
         self.heads[l][h] = idx;
         self.nonempty[l] |= 1 << h;
-        let bytes = (pages(order) as usize) * PAGE;
-        self.free_bytes += bytes;
-        if flags & DIRTY != 0 {
-            self.dirty_bytes += bytes;
-        }
+        self.free_bytes += (pages(order) as usize) * PAGE;
+        self.dirty_bytes += d as usize * PAGE;
     }
 
     fn unlink(&mut self, idx: u32) {
@@ -203,10 +266,10 @@ impl Buddy {
                 self.entry_mut(e.next).prev = e.prev;
             }
             self.entry_mut(idx).kind = PageKind::Interior;
-            let bytes = (pages(e.order as u32) as usize) * PAGE;
-            self.free_bytes -= bytes;
+            let n = pages(e.order as u32);
+            self.free_bytes -= (n as usize) * PAGE;
             if e.flags & DIRTY != 0 {
-                self.dirty_bytes -= bytes;
+                self.dirty_bytes -= self.count_dirty(idx, n) as usize * PAGE;
             }
         }
     }
@@ -262,41 +325,68 @@ impl Buddy {
         (above != 0 && o <= self.top).then_some(o)
     }
 
-    /// Takes a block of `order` and marks its head `kind`. Returns its page index and its flags
-    /// (`DIRTY`: may be resident; `USED`: may read non-zero), or `None` when no free block is large
-    /// enough (the caller then grows the region).
+    /// Takes a free block of `order` off the lists, splitting a larger one, and returns its head
+    /// and its inherited `USED`/`SEALED` flags; its bits are left as they are, for the caller to
+    /// clear. `None` when no free block is large enough.
     ///
-    /// Resident memory comes first: the smallest dirty block that fits, split if larger, and only
-    /// when there is none the smallest clean one. Reusing a dirty block costs no page faults and adds
-    /// nothing to the resident set.
-    pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, u8)> {
+    /// Resident memory comes first: the smallest block with a dirty page that fits, and only when
+    /// there is none the smallest clean one; a split keeps the half with more dirty pages. Reusing
+    /// a dirty page costs no page fault and adds nothing to the resident set.
+    fn take(&mut self, order: u32) -> Option<(u32, u8)> {
         let (l, mut o) = match self.smallest(1, order) {
             Some(o) => (1, o),
             None => (0, self.smallest(0, order)?),
         };
-        let idx = self.heads[l][(o - MIN_ORDER) as usize];
+        let mut idx = self.heads[l][(o - MIN_ORDER) as usize];
         // SAFETY: idx is a free head below frontier.
-        let flags = unsafe { self.entry(idx).flags };
+        let flags = unsafe { self.entry(idx).flags } & (USED | SEALED);
         self.unlink(idx);
         while o > order {
             o -= 1;
-            self.push(idx + pages(o), o, flags);
+            let half = pages(o);
+            if l == 1 && self.count_dirty(idx + half, half) > self.count_dirty(idx, half) {
+                self.push(idx, o, flags);
+                idx += half;
+            } else {
+                self.push(idx + half, o, flags);
+            }
         }
-        self.set_head(idx, kind, order, 0);
         Some((idx, flags))
     }
 
+    /// Takes a block of `order` and marks its head `kind`. Returns its page index and its flags
+    /// (`DIRTY`: some of its pages are resident, [`Buddy::taken_dirty`] of them; `USED`: may read
+    /// non-zero), or `None` when no free block is large enough (the caller then grows the region).
+    pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, u8)> {
+        let (idx, flags) = self.take(order)?;
+        let d = self.set_dirty(idx, pages(order), false);
+        self.taken_dirty = d;
+        self.set_head(idx, kind, order, 0);
+        Some((idx, if d > 0 { flags | DIRTY | USED } else { flags }))
+    }
+
     /// Releases the allocated block at `idx` of `order` and merges it with free buddies. Returns the
-    /// head and order of the resulting free block.
+    /// head and order of the resulting free block. With `DIRTY` in `flags` all its pages become
+    /// dirty; without, clean (fresh, or purged).
     ///
     /// # Safety
     /// - Pages `idx .. idx + 2^(order - MIN_ORDER)` are below `frontier`, aligned to their size, and
     ///   allocated (a block, or part of a run) to the caller, who gives them up. (Freeing pages that
-    ///   are already free would put them on two lists and hand them out twice.)
-    pub unsafe fn free(&mut self, mut idx: u32, mut order: u32, mut flags: u8) -> (u32, u32) {
-        if flags & DIRTY != 0 {
-            flags |= USED;
-        }
+    ///   are already free would put them on two lists and hand them out twice.) Without `DIRTY`, they
+    ///   read as zero unless `USED`.
+    pub unsafe fn free(&mut self, idx: u32, order: u32, flags: u8) -> (u32, u32) {
+        self.set_dirty(idx, pages(order), flags & DIRTY != 0);
+        // SAFETY: forwarded contract.
+        unsafe { self.merge_in(idx, order, flags) }
+    }
+
+    /// Gives the block at `idx` of `order` to the free lists with its pages' dirty bits as they
+    /// are, merged with its free buddies (whatever their state).
+    ///
+    /// # Safety
+    /// - as [`Buddy::free`], the bits of its pages saying which of them are dirty.
+    unsafe fn merge_in(&mut self, mut idx: u32, mut order: u32, flags: u8) -> (u32, u32) {
+        let mut flags = flags & (USED | SEALED);
         // If the block merges with a buddy below it, its head becomes an interior page: clear its kind
         // now so that no stale `LARGE`/`SLAB` entry is left for a later (invalid) free to find.
         // SAFETY: idx is an allocated head below frontier (caller's contract).
@@ -308,9 +398,7 @@ impl Buddy {
             }
             // SAFETY: b < frontier.
             let e = unsafe { self.entry(b) };
-            // Only blocks in the same state merge (as jemalloc coalesces only within one state): a
-            // merged block's `DIRTY` flag then stays exact, and `dirty_bytes` is what is resident.
-            if e.kind != PageKind::Free || e.order as u32 != order || (e.flags ^ flags) & DIRTY != 0 {
+            if e.kind != PageKind::Free || e.order as u32 != order {
                 break;
             }
             self.unlink(b);
@@ -336,19 +424,29 @@ impl Buddy {
     /// - `start < end <= frontier`, and every page of `[start, end)` is allocated to the caller (a
     ///   block, a run or part of one), who gives them up.
     pub unsafe fn release_range(&mut self, start: u32, end: u32, flags: u8) {
+        self.set_dirty(start, end - start, flags & DIRTY != 0);
+        // SAFETY: forwarded contract; the bits now say what `flags` says.
+        unsafe { self.merge_range(start, end, flags) }
+    }
+
+    /// [`Buddy::release_range`] with the pages' dirty bits kept as they are.
+    ///
+    /// # Safety
+    /// - as [`Buddy::release_range`], the bits saying which pages are dirty.
+    unsafe fn merge_range(&mut self, start: u32, end: u32, flags: u8) {
         let mut i = start;
         while i < end {
             let o = self.fit_order(i, end);
             // SAFETY: the aligned block [i, i + 2^o) lies inside [start, end) (fit_order), allocated
             // to the caller (contract).
-            unsafe { self.free(i, o, flags) };
+            unsafe { self.merge_in(i, o, flags) };
             i += pages(o);
         }
     }
 
     /// Allocates a run of exactly `n` pages whose first page is aligned to `2^align_order` bytes, and
     /// marks its head `LARGE` with `next = n`. The smallest block holding the run is taken (dirty
-    /// first, see [`Buddy::alloc`]) and the pages beyond the run go straight back as free blocks, so a
+    /// first, see [`Buddy::take`]) and the pages beyond the run go straight back as free blocks, so a
     /// 40 MiB request holds 40 MiB, not 64. Returns the head and the run's flags (as [`Buddy::alloc`]).
     pub fn alloc_run(&mut self, n: u32, align_order: u32) -> Option<(u32, u8)> {
         debug_assert!(n >= 1);
@@ -356,41 +454,47 @@ impl Buddy {
         if order > self.top {
             return None;
         }
-        let (idx, mut flags) = self.alloc(order, PageKind::Large)?;
+        let (idx, mut flags) = self.take(order)?;
         let mut lo = idx;
-        if align_order == MIN_ORDER && n < pages(order) {
-            // Slide the run down over the free blocks in the same state that end right below the
-            // block (the tails earlier runs gave back; at most one block's worth): runs of one odd
-            // size then pack end to end instead of each stranding a tail too small for the next
-            // (25-page runs kept 25 of every 32 pages before). Where the run fits below, the block
-            // goes back whole.
+        let top_end = idx + pages(order) - n;
+        if align_order == MIN_ORDER && n < pages(order) && self.count_dirty(top_end, n) > self.count_dirty(idx, n) {
+            // The block's resident pages are at its end: the run goes there, and the pages below it
+            // go back.
+            lo = top_end;
+            // SAFETY: `[idx, lo)` are pages of the block just taken, ours, their bits as they were.
+            unsafe { self.merge_range(idx, lo, flags) };
+        } else if align_order == MIN_ORDER && n < pages(order) {
+            // Slide the run down over the free blocks that end right below the block (the tails
+            // earlier runs gave back; at most one block's worth): runs of one odd size then pack end
+            // to end instead of each stranding a tail too small for the next (25-page runs kept 25
+            // of every 32 pages before). Where the run fits below, the block goes back whole.
             while lo > 0 {
                 let Some((h, o)) = self.free_block_at(lo - 1) else { break };
                 debug_assert_eq!(h + pages(o), lo);
-                // SAFETY: h is a free head below frontier.
-                let f = unsafe { self.entry(h).flags };
-                if idx - h > pages(order) || (f ^ flags) & DIRTY != 0 {
+                if idx - h > pages(order) {
                     break;
                 }
+                // SAFETY: h is a free head below frontier.
+                let f = unsafe { self.entry(h).flags };
                 self.unlink(h);
                 flags |= f & (USED | SEALED);
                 lo = h;
             }
         }
-        // SAFETY: `lo..idx` were free blocks unlinked above, now ours; `idx` heads the block just
-        // allocated. The run `[lo, lo + n)` ends inside `[lo, idx + pages(order))` (`n <= pages(order)`),
-        // and the pages beyond it are ours to give back. All below frontier.
+        let d = self.set_dirty(lo, n, false);
+        self.taken_dirty = d;
+        // SAFETY: the run `[lo, lo + n)` is ours: pages of the block just taken at `idx` and, where
+        // it slid down, of the free blocks below it unlinked above (or, placed at the block's end,
+        // `lo + n` is the block's end). It ends inside `[lo, idx + pages(order))` (`n <= pages(order)`),
+        // and the pages beyond it are ours to give back, their bits as they were. All below frontier.
         unsafe {
-            if lo != idx {
-                self.entry_mut(idx).kind = PageKind::Interior;
-                self.set_head(lo, PageKind::Large, order, 0);
-            }
+            self.set_head(lo, PageKind::Large, order, 0);
             if lo + n < idx + pages(order) {
-                self.release_range(lo + n, idx + pages(order), flags);
+                self.merge_range(lo + n, idx + pages(order), flags);
             }
             self.entry_mut(lo).next = n;
         }
-        Some((lo, flags))
+        Some((lo, if d > 0 { flags | DIRTY | USED } else { flags }))
     }
 
     /// Number of pages of the allocated run whose head is `idx`.
@@ -457,9 +561,11 @@ impl Buddy {
                 let flags = unsafe { self.entry(h).flags };
                 self.unlink(h);
                 let hi = h + pages(o);
+                self.set_dirty(h, hi.min(end) - h, false);
                 if hi > end {
-                    // SAFETY: [end, hi) is the tail of the free block just unlinked, so ours to free.
-                    unsafe { self.release_range(end, hi, flags) };
+                    // SAFETY: [end, hi) is the tail of the free block just unlinked, so ours to give
+                    // back, its bits as they were.
+                    unsafe { self.merge_range(end, hi, flags) };
                 }
                 i = hi.min(end);
             }
@@ -477,7 +583,7 @@ impl Buddy {
     /// Smallest first: a small dirty fragment can serve only small requests, a large dirty block any
     /// request, so the large ones are kept for reuse. Measured on the model-loading benchmark, this
     /// faults in fewer pages than largest first (147k against 152k for tract) at a lower peak.
-    pub fn purge(&mut self, want: usize, mut purge: impl FnMut(u32, u32) -> Option<u8>) -> usize {
+    pub fn purge(&mut self, want: usize, mut purge: impl FnMut(u32, u32, usize) -> Option<u8>) -> usize {
         let mut cleaned = 0;
         for h in 0..NORDERS {
             while cleaned < want {
@@ -486,13 +592,14 @@ impl Buddy {
                     break;
                 }
                 let order = h as u32 + MIN_ORDER;
-                let Some(extra) = purge(idx, order) else {
+                let dirty = self.count_dirty(idx, pages(order)) as usize * PAGE;
+                let Some(extra) = purge(idx, order, dirty) else {
                     // The OS refused: leave this order's blocks dirty rather than retry forever.
                     break;
                 };
                 // SAFETY: idx heads a list of free blocks, so it is a free head below frontier.
                 unsafe { self.mark_clean(idx, extra) };
-                cleaned += (pages(order) as usize) * PAGE;
+                cleaned += dirty;
             }
         }
         cleaned
@@ -500,8 +607,9 @@ impl Buddy {
 
     /// Takes the smallest free dirty block out of the free lists, to be purged outside the heap's
     /// lock: its head is marked `Meta` (an allocated block no user can free, which merges with
-    /// nothing) until [`Buddy::put_back`] returns it. Returns its page index, order and flags.
-    pub fn take_dirty(&mut self) -> Option<(u32, u32, u8)> {
+    /// nothing) until [`Buddy::put_back`] returns it. Returns its page index, order and flags, and
+    /// the bytes of its dirty pages.
+    pub fn take_dirty(&mut self) -> Option<(u32, u32, u8, usize)> {
         let h = self.nonempty[1].trailing_zeros() as usize;
         if h >= NORDERS {
             return None;
@@ -511,19 +619,27 @@ impl Buddy {
         let flags = unsafe { self.entry(idx).flags };
         self.unlink(idx);
         let order = h as u32 + MIN_ORDER;
+        let dirty = self.count_dirty(idx, pages(order)) as usize * PAGE;
         self.set_head(idx, PageKind::Meta, order, 0);
-        Some((idx, order, flags))
+        Some((idx, order, flags, dirty))
     }
 
     /// Returns a block taken by [`Buddy::take_dirty`] to the free lists with `flags` (its flags
-    /// without `DIRTY` once purged, plus `SEALED` if sealed), merging it with its buddies.
+    /// without `DIRTY` once purged, plus `SEALED` if sealed), merging it with its buddies. With
+    /// `DIRTY` (the OS refused to purge it) its pages' bits stay as they were.
     ///
     /// # Safety
     /// - `(idx, order)` was returned by `take_dirty` and not put back since; if `flags` lacks `DIRTY`,
     ///   its pages were purged (read as zero unless `USED`).
     pub unsafe fn put_back(&mut self, idx: u32, order: u32, flags: u8) {
-        // SAFETY: taken by take_dirty, so allocated to the caller, who gives it up.
-        unsafe { self.free(idx, order, flags) };
+        // SAFETY: taken by take_dirty, so allocated to the caller, who gives it up; its bits were
+        // kept meanwhile, and are cleared once it was purged.
+        unsafe {
+            if flags & DIRTY == 0 {
+                self.set_dirty(idx, pages(order), false);
+            }
+            self.merge_in(idx, order, flags);
+        }
     }
 
     /// Marks the free block at `idx` clean after a successful purge, and merges it with its clean
@@ -570,9 +686,14 @@ impl Buddy {
                     return Err("block on the wrong one of the clean and dirty lists");
                 }
                 free += (pages(order) as usize) * PAGE;
-                if e.flags & DIRTY != 0 {
-                    dirty += (pages(order) as usize) * PAGE;
+                let d = self.count_dirty(idx, pages(order)) as usize;
+                if (d > 0) != (e.flags & DIRTY != 0) {
+                    return Err("a free block's DIRTY flag disagrees with its pages' bits");
                 }
+                if d > 0 && e.flags & USED == 0 {
+                    return Err("a dirty free block not marked USED");
+                }
+                dirty += d * PAGE;
                 prev = idx;
                 idx = e.next;
             }
@@ -606,6 +727,9 @@ impl Buddy {
                 if e.next == 0 || e.next > self.frontier - idx {
                     return Err("bad run length");
                 }
+                if self.count_dirty(idx, e.next) != 0 {
+                    return Err("an allocated run has dirty bits");
+                }
                 idx += e.next;
                 continue;
             }
@@ -613,13 +737,18 @@ impl Buddy {
             if !(MIN_ORDER..=self.top).contains(&o) || idx % pages(o) != 0 {
                 return Err("bad block order");
             }
+            // A block taken by take_dirty is `Meta` with its bits kept; every other allocated block
+            // has none.
+            if matches!(e.kind, PageKind::Slab | PageKind::Arena) && self.count_dirty(idx, pages(o)) != 0 {
+                return Err("an allocated block has dirty bits");
+            }
             if e.kind == PageKind::Free && o < self.top {
                 let b = idx ^ pages(o);
                 if b < self.frontier {
                     // SAFETY: b < frontier.
                     let be = unsafe { self.entry(b) };
-                    if be.kind == PageKind::Free && be.order as u32 == o && (be.flags ^ e.flags) & DIRTY == 0 {
-                        return Err("two free buddies in the same state not merged");
+                    if be.kind == PageKind::Free && be.order as u32 == o {
+                        return Err("two free buddies not merged");
                     }
                 }
             }
@@ -656,14 +785,16 @@ mod tests {
     fn with_buddy(top: u32, tops: u32, f: impl FnOnce(&mut Buddy)) {
         let n = (tops * pages(top)) as usize;
         let mut map = vec![PageEntry { kind: NONE, order: 0, flags: 0, load: 0, prev: 0, next: 0 }; n];
+        let mut bits = vec![0u64; bitmap_words(n)];
         let mut b = Buddy::empty();
-        // SAFETY: the vector is zeroed and covers `tops` top blocks; it outlives `b` inside this call.
-        unsafe { b.init(map.as_mut_ptr(), top) };
+        // SAFETY: the vectors are zeroed and cover `tops` top blocks; they outlive `b` inside this call.
+        unsafe { b.init(map.as_mut_ptr(), bits.as_mut_ptr(), top) };
         for t in 0..tops {
             add_top(&mut b, t * pages(top));
         }
         f(&mut b);
         drop(map);
+        drop(bits);
     }
 
     #[test]
@@ -686,7 +817,7 @@ mod tests {
             // Exactly the blocks that were handed out are dirty; the rest never was.
             let used: usize = [12, 13, 12, 15, 20, 14].iter().map(|o| 1usize << o).sum();
             assert_eq!(b.dirty_bytes, used);
-            let cleaned = b.purge(usize::MAX, |_, _| Some(0));
+            let cleaned = b.purge(usize::MAX, |_, _, _| Some(0));
             assert_eq!(cleaned, used);
             assert_eq!(b.dirty_bytes, 0);
             b.check().unwrap();
@@ -696,8 +827,8 @@ mod tests {
     }
 
     /// On a buddy of two free 1 MiB top blocks: dirties a 256 KiB block and a 64 KiB block in one of
-    /// them (the rest free and clean) and returns their page indices.
-    fn two_tops_with_dirty_blocks(b: &mut Buddy) -> (u32, u32) {
+    /// them; they merge with their clean buddies into one mixed top block. Returns its page index.
+    fn two_tops_with_dirty_blocks(b: &mut Buddy) -> u32 {
         let (x, _) = b.alloc(20, META).unwrap();
         let (y, _) = b.alloc(20, META).unwrap();
         free(b, x, 20, 0);
@@ -706,47 +837,43 @@ mod tests {
         free(b, y, 20, 0);
         free(b, big, 18, DIRTY);
         free(b, small, 16, DIRTY);
-        (big, small)
+        x
     }
 
     #[test]
     fn dirty_blocks_taken_for_purging_are_out_of_every_list_until_put_back() {
         with_buddy(20, 2, |b| {
-            let (big, small) = two_tops_with_dirty_blocks(b);
-            let (free0, dirty0) = (b.free_bytes, b.dirty_bytes);
-            // The smallest dirty block first, with its flags; it is neither free nor dirty meanwhile,
-            // and the structure stays consistent (an allocated block to the checker).
-            let (i, o, f) = b.take_dirty().unwrap();
-            assert_eq!((i, o), (small, 16));
-            assert_eq!(f & DIRTY, DIRTY);
-            assert_eq!(b.free_bytes, free0 - (64 << 10));
-            assert_eq!(b.dirty_bytes, dirty0 - (64 << 10));
+            let mixed = two_tops_with_dirty_blocks(b);
             b.check().unwrap();
-            // Nothing else is handed it meanwhile: the next dirty block is the big one, and a 64 KiB
-            // request comes from elsewhere.
-            let (j, o2, f2) = b.take_dirty().unwrap();
-            assert_eq!((j, o2), (big, 18));
-            let (p, _) = b.alloc(16, META).unwrap();
-            assert!(p != small && !(big..big + pages(18)).contains(&p));
-            free(b, p, 16, 0);
+            assert_eq!(b.dirty_bytes, (256 + 64) << 10);
+            let free0 = b.free_bytes;
+            // The block with dirty pages, with its flags and its dirty bytes; it is neither free nor
+            // dirty meanwhile, and the structure stays consistent (an allocated block to the checker).
+            let (i, o, f, dirty) = b.take_dirty().unwrap();
+            assert_eq!((i, o, dirty), (mixed, 20, (256 + 64) << 10));
+            assert_eq!(f & DIRTY, DIRTY);
+            assert_eq!(b.free_bytes, free0 - (1 << 20));
+            assert_eq!(b.dirty_bytes, 0);
+            b.check().unwrap();
+            // Nothing else is handed it meanwhile: no other block is dirty, and a 64 KiB request
+            // comes from the other top block.
             assert!(b.take_dirty().is_none());
-            // Put back clean (purged), they merge with their clean buddies: all of it is one clean
-            // top block again, next to the other one.
-            // SAFETY: both were taken by take_dirty above and are put back once.
-            unsafe {
-                b.put_back(i, o, f & !DIRTY);
-                b.put_back(j, o2, f2 & !DIRTY);
-            }
+            let (p, _) = b.alloc(16, META).unwrap();
+            assert!(!(i..i + pages(20)).contains(&p));
+            free(b, p, 16, 0);
+            // Put back clean (purged): both top blocks clean and free.
+            // SAFETY: taken by take_dirty above and put back once.
+            unsafe { b.put_back(i, o, f & !DIRTY) };
             assert_eq!(b.dirty_bytes, 0);
             assert_eq!(b.free_bytes, 2 << 20);
             b.check().unwrap();
             let (t, flags) = b.alloc(20, META).unwrap();
             assert_eq!(flags & DIRTY, 0);
             free(b, t, 20, 0);
-            // A block the OS refused to purge goes back dirty.
+            // A block the OS refused to purge goes back with its dirty pages.
             let (d, _) = b.alloc(16, META).unwrap();
             free(b, d, 16, DIRTY);
-            let (k, o3, f3) = b.take_dirty().unwrap();
+            let (k, o3, f3, _) = b.take_dirty().unwrap();
             // SAFETY: taken above, put back once.
             unsafe { b.put_back(k, o3, f3) };
             assert_eq!(b.dirty_bytes, 64 << 10);
@@ -757,32 +884,74 @@ mod tests {
     #[test]
     fn prefers_dirty_blocks_and_purges_smallest_first() {
         with_buddy(20, 2, |b| {
-            let (_, small) = two_tops_with_dirty_blocks(b);
+            // In one top block: 64 KiB blocks at pages 0 and 16 of it, 128 KiB at 32, 256 KiB at 64.
+            let (a, _) = b.alloc(16, META).unwrap();
+            let (keep1, _) = b.alloc(16, META).unwrap();
+            let (keep2, _) = b.alloc(17, META).unwrap();
+            let (d, _) = b.alloc(18, META).unwrap();
+            assert_eq!((keep1 - a, keep2 - a, d - a), (16, 32, 64));
+            // Freed dirty, `a` cannot merge (its buddy is allocated), nor can `d`.
+            free(b, a, 16, DIRTY);
+            free(b, d, 18, DIRTY);
             b.check().unwrap();
-            // Dirty blocks do not merge with clean buddies: exactly the freed bytes are dirty.
-            assert_eq!(b.dirty_bytes, (256 + 64) << 10);
+            assert_eq!(b.dirty_bytes, (64 + 256) << 10);
+            // Purging 4 KiB takes the smallest dirty block, in one call, and counts its dirty bytes.
+            let mut calls = vec![];
+            let cleaned = b.purge(4096, |i, o, dirty| {
+                calls.push((i, o, dirty));
+                Some(0)
+            });
+            assert_eq!(calls, vec![(a, 16, 64 << 10)]);
+            assert_eq!(cleaned, 64 << 10);
+            b.check().unwrap();
             // A 4 KiB request is carved from dirty memory although clean blocks are free.
             let (p, flags) = b.alloc(12, META).unwrap();
             assert_eq!(flags, DIRTY | USED);
+            assert_eq!(b.taken_dirty, 1);
+            assert!((d..d + pages(18)).contains(&p));
             free(b, p, 12, DIRTY);
-            // Purging 4 KiB takes the smallest dirty block, in one call.
-            let mut calls = vec![];
-            let cleaned = b.purge(4096, |i, o| {
-                calls.push((i, o));
-                Some(0)
-            });
-            assert_eq!(calls, vec![(small, 16)]);
-            assert_eq!(cleaned, 64 << 10);
-            b.check().unwrap();
-            // Once clean, the block merges with its clean buddies.
-            let (q, flags) = b.alloc(19, META).unwrap();
-            assert_eq!(flags & DIRTY, 0);
-            free(b, q, 19, 0);
             b.check().unwrap();
             // A refused purge leaves the block dirty and stops.
-            let d = b.dirty_bytes;
-            assert_eq!(b.purge(usize::MAX, |_, _| None), 0);
-            assert_eq!(b.dirty_bytes, d);
+            let dirty = b.dirty_bytes;
+            assert_eq!(b.purge(usize::MAX, |_, _, _| None), 0);
+            assert_eq!(b.dirty_bytes, dirty);
+            b.check().unwrap();
+        });
+    }
+
+    #[test]
+    fn freed_blocks_merge_with_clean_buddies_and_count_only_their_dirty_pages() {
+        with_buddy(20, 1, |b| {
+            let (x, _) = b.alloc(19, META).unwrap();
+            let (y, _) = b.alloc(19, META).unwrap();
+            free(b, x, 19, DIRTY);
+            assert_eq!(b.dirty_bytes, 512 << 10);
+            // The clean half joins the dirty one: one free top block, half of it resident.
+            free(b, y, 19, 0);
+            b.check().unwrap();
+            assert_eq!((b.free_bytes, b.dirty_bytes), (1 << 20, 512 << 10));
+            // It serves a request of the whole size; half of it is resident already.
+            let (t, flags) = b.alloc(20, META).unwrap();
+            assert_eq!((t, flags & DIRTY, b.taken_dirty), (0, DIRTY, 128));
+            assert_eq!(b.dirty_bytes, 0);
+            free(b, t, 20, 0);
+            // Dirty the upper half this time: a run splits off the dirtier half, so its pages are
+            // resident, and the pages it leaves keep their states.
+            let (x, _) = b.alloc(19, META).unwrap();
+            let (y, _) = b.alloc(19, META).unwrap();
+            free(b, x, 19, 0);
+            free(b, y, 19, DIRTY);
+            let (r, flags) = b.alloc_run(3, MIN_ORDER).unwrap();
+            assert!((y..y + pages(19)).contains(&r), "the run came from the clean half");
+            assert_eq!((flags & DIRTY, b.taken_dirty), (DIRTY, 3));
+            assert_eq!(b.dirty_bytes, (512 - 12) << 10);
+            b.check().unwrap();
+            // Purging counts what was dirty, not the block's size.
+            let cleaned = b.purge(usize::MAX, |_, _, _| Some(0));
+            assert_eq!(cleaned, (512 - 12) << 10);
+            assert_eq!(b.dirty_bytes, 0);
+            free_run(b, r);
+            assert_eq!(b.dirty_bytes, 12 << 10);
             b.check().unwrap();
         });
     }
@@ -832,7 +1001,7 @@ mod tests {
             b.check().unwrap();
             assert_eq!(b.free_bytes, total);
             // Purged, everything merges back into the top block.
-            b.purge(usize::MAX, |_, _| Some(0));
+            b.purge(usize::MAX, |_, _, _| Some(0));
             assert!(b.alloc(18, META).is_some());
         });
     }
@@ -893,7 +1062,7 @@ mod tests {
                 }
                 if step % 997 == 0 {
                     let before = b.dirty_bytes;
-                    let cleaned = b.purge(64 << 10, |_, _| Some(0));
+                    let cleaned = b.purge(64 << 10, |_, _, _| Some(0));
                     assert!(cleaned >= (64 << 10).min(before));
                     assert_eq!(b.dirty_bytes, before - cleaned);
                 }
@@ -937,11 +1106,12 @@ mod tests {
     fn holes_are_skipped_and_never_handed_out() {
         let n = 4 * pages(16) as usize;
         let mut map = vec![PageEntry { kind: NONE, order: 0, flags: 0, load: 0, prev: 0, next: 0 }; n];
+        let mut bits = vec![0u64; bitmap_words(n)];
         let mut b = Buddy::empty();
-        // SAFETY: the vector is zeroed and covers four 64 KiB pieces; it outlives `b` in this test. The
-        // pieces and the hole are added at the frontier, each once.
+        // SAFETY: the vectors are zeroed and cover four 64 KiB pieces; they outlive `b` in this test.
+        // The pieces and the hole are added at the frontier, each once.
         unsafe {
-            b.init(map.as_mut_ptr(), 17);
+            b.init(map.as_mut_ptr(), bits.as_mut_ptr(), 17);
             b.add_block(0, 16);
             b.add_hole(pages(16), pages(16));
             b.add_block(2 * pages(16), 16);
@@ -961,6 +1131,7 @@ mod tests {
         free(&mut b, big, 17, 0);
         b.check().unwrap();
         drop(map);
+        drop(bits);
     }
 
     #[test]
@@ -971,7 +1142,7 @@ mod tests {
             assert_eq!(flags, 0);
             // Freed (dirty), then purged: clean but used, also once merged with its fresh buddy.
             free(b, a, 15, DIRTY);
-            assert_eq!(b.purge(usize::MAX, |_, _| Some(0)), 32 << 10);
+            assert_eq!(b.purge(usize::MAX, |_, _, _| Some(0)), 32 << 10);
             b.check().unwrap();
             let (x, fx) = b.alloc(16, META).unwrap();
             let (y, fy) = b.alloc(16, META).unwrap();

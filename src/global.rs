@@ -132,11 +132,11 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
             }
         }
         return match heap::alloc_large(size, align, load) {
-            Some((p, flags, bytes)) => {
+            Some((p, flags, bytes, resident)) => {
                 stats::add(&COUNTERS.large_allocs, 1);
-                let resident = flags & buddy::DIRTY != 0;
-                if load && prefault && !zeroed && !resident && bytes >= PREFAULT_MIN && heap::load_prefault() {
-                    // SAFETY: a fresh, page-aligned, read-write run of `bytes` that this call owns.
+                if load && prefault && !zeroed && bytes - resident >= PREFAULT_MIN && heap::load_prefault() {
+                    // SAFETY: a page-aligned, read-write run of `bytes` that this call owns, mostly
+                    // fresh pages (populating the resident ones changes nothing).
                     unsafe { os::populate(p, bytes) };
                 }
                 if load {

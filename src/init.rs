@@ -26,6 +26,9 @@ pub struct Started {
     pub span: usize,
     /// A zeroed page map with one entry per page of the region.
     pub map: *mut PageEntry,
+    /// The buddy's zeroed dirty bitmap, one bit per page of the region (in the page map's mapping,
+    /// after the entries).
+    pub bits: *mut u64,
     /// The slab table: one `SLAB_META`-byte entry (a slab's header and bitmap) per 64 KiB of the
     /// region, touched only where slabs are.
     pub slabs: *mut u8,
@@ -90,7 +93,8 @@ pub fn start() -> Option<Started> {
         }
     };
     let npages = span / PAGE;
-    let map_bytes = (npages * core::mem::size_of::<PageEntry>() + PAGE - 1) & !(PAGE - 1);
+    let entries = (npages * core::mem::size_of::<PageEntry>()).next_multiple_of(64);
+    let map_bytes = (entries + crate::buddy::bitmap_words(npages) * 8).next_multiple_of(PAGE);
     let map = os::map(map_bytes) as *mut PageEntry;
     let slabs_bytes = ((span >> SLAB_SHIFT) << SLAB_META_SHIFT).max(PAGE);
     let slabs = if map.is_null() { core::ptr::null_mut() } else { os::map(slabs_bytes) };
@@ -106,7 +110,9 @@ pub fn start() -> Option<Started> {
         }
         return None;
     }
-    Some(Started { opts, base, span, map, slabs, lazy })
+    // The dirty bitmap follows the entries, inside the same mapping.
+    let bits = map.cast::<u8>().wrapping_add(entries).cast::<u64>();
+    Some(Started { opts, base, span, map, bits, slabs, lazy })
 }
 
 /// Reserves `span` bytes (halved until the OS grants them, down to one top block) aligned to
