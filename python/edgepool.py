@@ -58,6 +58,7 @@ _STATS_FIELDS = (
     "large_frees", "large_realloc_in_place", "direct_allocs", "direct_frees", "direct_bytes", "purges",
     "purged_bytes", "caches_created", "caches_adopted", "caches_abandoned", "arena_chunks_released",
     "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns", "run_cache_hits", "run_cache_bytes",
+    "os_mmap_calls", "os_munmap_calls", "os_madvise_calls", "os_mprotect_calls", "os_mremap_calls", "page_faults",
 )
 
 

@@ -62,7 +62,7 @@ pub const OPTIONS: [OptionDef; 15] = [
         name: "RETAIN",
         kind: Kind::Size,
         default: 8 << 20,
-        description: "free heap memory kept resident for reuse; beyond it, free memory goes back to the OS before fresh memory is touched, and after PURGE_DELAY",
+        description: "free heap memory kept resident for reuse; beyond it, free memory goes back to the OS before fresh memory would raise the heap's peak, and after waiting PURGE_DELAY unused",
     },
     OptionDef {
         name: "LIMIT",

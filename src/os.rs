@@ -6,7 +6,42 @@
 //! runtime is ready, and from the dynamic loader's own `malloc` calls when preloaded.
 
 use core::ffi::c_void;
-use core::sync::atomic::AtomicU32;
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// The allocator's calls into the OS's memory map, counted for the statistics (relaxed adds, on the
+/// paths that make the call anyway).
+pub struct OsCalls {
+    pub mmap: AtomicUsize,
+    pub munmap: AtomicUsize,
+    pub madvise: AtomicUsize,
+    pub mprotect: AtomicUsize,
+    pub mremap: AtomicUsize,
+}
+
+/// Page faults the process has taken (minor and major), from `getrusage`.
+pub fn page_faults() -> u64 {
+    // SAFETY: an all-zero `rusage` is valid, and getrusage only writes into it.
+    unsafe {
+        let mut ru: libc::rusage = core::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0;
+        }
+        (ru.ru_minflt + ru.ru_majflt) as u64
+    }
+}
+
+pub static OS_CALLS: OsCalls = OsCalls {
+    mmap: AtomicUsize::new(0),
+    munmap: AtomicUsize::new(0),
+    madvise: AtomicUsize::new(0),
+    mprotect: AtomicUsize::new(0),
+    mremap: AtomicUsize::new(0),
+};
+
+#[inline]
+fn count(c: &AtomicUsize) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
 
 /// The allocator's page: the granule of the buddy heap and of the page map. The OS page may be larger
 /// (16 KiB or 64 KiB on some arm64 kernels); [`purge`] rounds inwards to whole OS pages.
@@ -82,6 +117,7 @@ fn mmap_anon(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
     if !granted() {
         return core::ptr::null_mut();
     }
+    count(&OS_CALLS.mmap);
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no existing
     // memory.
     let p =
@@ -159,6 +195,7 @@ pub unsafe fn map_at(p: *mut u8, len: usize) -> Result<(), MapAt> {
     }
     let e = errno();
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    count(&OS_CALLS.mmap);
     // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping: it fails with EEXIST instead.
     let q = unsafe { libc::mmap(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
     if q == libc::MAP_FAILED {
@@ -186,6 +223,7 @@ pub unsafe fn commit(p: *mut u8, len: usize) -> bool {
     if !granted() {
         return false;
     }
+    count(&OS_CALLS.mprotect);
     // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
     unsafe { libc::mprotect(p.cast(), len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
 }
@@ -202,6 +240,7 @@ pub unsafe fn protect(p: *mut u8, len: usize, accessible: bool) -> bool {
     // SAFETY: the caller guarantees the range is ours; changing protection moves no data.
     unsafe {
         let e = errno();
+        count(&OS_CALLS.mprotect);
         let ok = libc::mprotect(p.cast(), len, prot) == 0;
         set_errno(e);
         ok
@@ -227,6 +266,7 @@ pub unsafe fn purge(p: *mut u8, len: usize) -> bool {
     // mapping drops the pages, which read back as zero. errno is preserved: `free` may purge.
     unsafe {
         let e = errno();
+        count(&OS_CALLS.madvise);
         let ok = libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) == 0;
         set_errno(e);
         ok && start == p as usize && end == p as usize + len
@@ -263,6 +303,7 @@ pub unsafe fn populate(p: *mut u8, len: usize) -> bool {
         let mut off = 0;
         while ok && off < len {
             let n = (len - off).min(POPULATE_PIECE);
+            count(&OS_CALLS.madvise);
             ok = libc::madvise(p.add(off).cast(), n, libc::MADV_POPULATE_WRITE) == 0;
             off += n;
         }
@@ -319,6 +360,7 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
     // SAFETY: guaranteed by the caller. errno is saved and restored: `free` must preserve it.
     unsafe {
         let e = errno();
+        count(&OS_CALLS.munmap);
         libc::munmap(p.cast(), len);
         set_errno(e);
     }
@@ -333,6 +375,7 @@ pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
     if new > old && !granted() {
         return core::ptr::null_mut();
     }
+    count(&OS_CALLS.mremap);
     // SAFETY: guaranteed by the caller; MREMAP_MAYMOVE keeps the contents.
     let q = unsafe { libc::mremap(p.cast(), old, new, libc::MREMAP_MAYMOVE) };
     if q == libc::MAP_FAILED {

@@ -52,6 +52,8 @@ pub struct PhaseReport {
     pub os_bytes_before: usize,
     pub os_bytes_after: usize,
     pub duration: Duration,
+    /// Page faults the process took during the phase (minor and major, every thread's).
+    pub page_faults: u64,
     /// Caches of other threads whose load rows will be settled at their thread's next slow path.
     pub deferred_caches: usize,
 }
@@ -89,6 +91,7 @@ fn snapshot() -> Start {
         os_bytes,
         large_allocs: LOAD_LARGE_ALLOCS.load(Ordering::Relaxed),
         arena_allocs: arena::ALLOCS.load(Ordering::Relaxed),
+        faults: crate::os::page_faults(),
     }
 }
 
@@ -111,6 +114,7 @@ fn finish_report(start: Start, end_purged: usize, small: LoadEnd, deferred: usiz
         os_bytes_before: start.os_bytes,
         os_bytes_after: heap::stats().os_bytes,
         duration: Duration::from_nanos(crate::os::now_ns() - start.t_ns),
+        page_faults: crate::os::page_faults().saturating_sub(start.faults),
         deferred_caches: deferred,
     }
 }

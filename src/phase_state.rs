@@ -92,10 +92,13 @@ pub struct Start {
     pub os_bytes: usize,
     pub large_allocs: u64,
     pub arena_allocs: u64,
+    /// The process's page faults so far.
+    pub faults: u64,
 }
 
 static C_OPEN: AtomicUsize = AtomicUsize::new(0);
-static C_START: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static C_START: [AtomicU64; 5] =
+    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Counts one more open C phase; the outermost records `start`.
 pub fn c_open(start: Start) {
@@ -104,6 +107,7 @@ pub fn c_open(start: Start) {
         C_START[1].store(start.os_bytes as u64, Ordering::Relaxed);
         C_START[2].store(start.large_allocs, Ordering::Relaxed);
         C_START[3].store(start.arena_allocs, Ordering::Relaxed);
+        C_START[4].store(start.faults, Ordering::Relaxed);
     }
 }
 
@@ -118,6 +122,7 @@ pub fn c_close() -> Option<Start> {
         os_bytes: C_START[1].load(Ordering::Relaxed) as usize,
         large_allocs: C_START[2].load(Ordering::Relaxed),
         arena_allocs: C_START[3].load(Ordering::Relaxed),
+        faults: C_START[4].load(Ordering::Relaxed),
     })
 }
 

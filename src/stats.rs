@@ -142,6 +142,16 @@ pub struct Stats {
     /// The memory budget in effect (0 = none).
     pub limit_bytes: usize,
     pub counters: CounterValues,
+    /// The allocator's calls into the OS's memory map: `mmap`, `munmap`, `madvise` (purges and
+    /// populates), `mprotect` (heap growth, the hardened mode), `mremap` (direct mappings).
+    pub os_mmap_calls: usize,
+    pub os_munmap_calls: usize,
+    pub os_madvise_calls: usize,
+    pub os_mprotect_calls: usize,
+    pub os_mremap_calls: usize,
+    /// Page faults the process has taken (minor and major, every thread's, not only edgepool's
+    /// memory): read before and after loading for the faults of a load.
+    pub page_faults: usize,
 }
 
 impl Stats {
@@ -159,5 +169,13 @@ impl Stats {
         ]
         .into_iter()
         .chain(self.counters.fields())
+        .chain([
+            ("os_mmap_calls", self.os_mmap_calls),
+            ("os_munmap_calls", self.os_munmap_calls),
+            ("os_madvise_calls", self.os_madvise_calls),
+            ("os_mprotect_calls", self.os_mprotect_calls),
+            ("os_mremap_calls", self.os_mremap_calls),
+            ("page_faults", self.page_faults),
+        ])
     }
 }

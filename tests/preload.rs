@@ -347,7 +347,14 @@ fn stats_struct_from_c_matches_the_report() {
     let fields = pairs(rest);
     // Field for field, in the report's order, after the size field (which counts them all).
     assert_eq!(fields[0], ("size".to_string(), 8 * (report.len() as u64 + 1)), "{stdout}");
-    assert_eq!(&fields[1..=report.len()], &report[..], "{stdout}");
+    // Every figure equal, but the process's page faults, which may only have grown in between.
+    for (f, r) in fields[1..=report.len()].iter().zip(&report) {
+        if r.0 == "page_faults" {
+            assert!(f.0 == r.0 && f.1 <= r.1 && f.1 > 0, "{stdout}");
+        } else {
+            assert_eq!(f, r, "{stdout}");
+        }
+    }
     assert!(report.iter().any(|(k, v)| k == "large_allocs" && *v >= 10), "{stdout}");
     assert!(stdout.contains("short rc=0 size=24 untouched=1"), "{stdout}");
     assert!(stdout.contains("null rc=-1 einval=1"), "{stdout}");
@@ -385,13 +392,13 @@ fn stats_at_exit_as_json() {
     let spec = format!("json:{}", path.display());
     let out = run_with(Command::new("sh").args(["-c", "ls / > /dev/null"]), true, &[("EDGEPOOL_STATS", &spec)]);
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
-    // Python's json module reads it: an object of the report's 29 figures, all numbers.
+    // Python's json module reads it: an object of the report's 35 figures, all numbers.
     let check = Command::new("python3")
         .args(["-c", "import json,sys; d=json.load(open(sys.argv[1])); assert all(isinstance(v,int) for v in d.values()); print(len(d), d['slab_refills'] > 0)"])
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "29 True", "{}", String::from_utf8_lossy(&check.stderr));
+    assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "35 True", "{}", String::from_utf8_lossy(&check.stderr));
 }
 
 #[test]
@@ -563,7 +570,7 @@ fn python_module_with_onnxruntime() {
     assert_eq!(get("version"), env!("CARGO_PKG_VERSION"));
     assert!(num("allocations") > 1000 && num("large_allocs") > 10, "{stdout}");
     assert!(num("survivors") > 0 && num("survivors") < num("peak") && num("released") <= num("peak"), "{stdout}");
-    assert_eq!(num("fields"), 29, "{stdout}");
+    assert_eq!(num("fields"), 35, "{stdout}");
     assert!(num("warmed") >= 8 << 20, "edgepool.prefault_free(8 MiB): {stdout}");
     assert_eq!(get("refused"), "True", "the budget did not refuse 512 MiB: {stdout}");
     assert_eq!(get("out"), first, "inference output differs");

@@ -193,6 +193,48 @@ fn child_on_demand() {
 }
 
 #[test]
+fn below_the_high_water_mark_fresh_memory_is_taken_without_purging() {
+    // A delay long enough for a debug build's steps to fit in one window.
+    run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300")]);
+}
+
+#[test]
+#[ignore = "run by below_the_high_water_mark_fresh_memory_is_taken_without_purging in a child process"]
+fn child_below_high_water() {
+    let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
+    // 64 MiB of 1 MiB blocks and a 32 MiB block, resident: the high-water mark. The big block freed
+    // and decayed down to RETAIN: the heap holds 24 MiB less than at its mark.
+    let mut v: Vec<Option<Vec<u8>>> = resident_blocks(64).into_iter().map(Some).collect();
+    let t = vec![1u8; 32 * MIB];
+    let high = edgepool::stats().os_bytes;
+    drop(t);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    drop(std::hint::black_box(vec![1u8; 300 << 10]));
+    let s = edgepool::stats();
+    assert!(s.dirty_free_bytes <= retain + MIB && s.os_bytes + 20 * MIB < high, "{s:?}");
+    // 32 MiB of 1 MiB holes waiting (their buddies are live, so they stay 1 MiB), then a 20 MiB
+    // block, which only the big block's place holds: its fresh pages stay below the mark, so the
+    // holes wait on, resident, for reuse.
+    for slot in v.iter_mut().step_by(2) {
+        *slot = None;
+    }
+    let before = edgepool::stats();
+    assert!(before.dirty_free_bytes >= 32 * MIB, "{before:?}");
+    let big = vec![7u8; 20 * MIB];
+    let after = edgepool::stats();
+    assert_eq!(after.counters.purged_bytes, before.counters.purged_bytes, "purged below the mark: {after:?}");
+    assert!(after.os_bytes <= high, "above the mark: {high} -> {}", after.os_bytes);
+    // Reaching the mark, fresh memory makes room first, as before: another 20 MiB block purges
+    // holes, as many as keep the heap at its mark.
+    let big2 = vec![8u8; 20 * MIB];
+    let s = edgepool::stats();
+    assert!(s.counters.purged_bytes > after.counters.purged_bytes, "{s:?}");
+    assert!(s.os_bytes <= high + MIB, "above the mark: {high} -> {}", s.os_bytes);
+    drop((v, big, big2));
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
 fn large_blocks_hold_whole_pages_not_powers_of_two() {
     run_child("child_exact_pages", &[]);
 }
@@ -299,4 +341,51 @@ fn child_prefault_off() {
     assert!(grew < MIB, "EDGEPOOL_LOAD_PREFAULT=0 still prefaulted: {grew}");
     // SAFETY: a live block.
     unsafe { edgepool::raw::free(p) };
+}
+
+#[test]
+fn os_calls_and_page_faults_are_counted() {
+    run_child("child_os_calls", &[]);
+}
+
+#[test]
+#[ignore = "run by os_calls_and_page_faults_are_counted in a child process"]
+fn child_os_calls() {
+    let max = edgepool::options().get(edgepool::options::MAX_BLOCK) as usize;
+    // A request beyond the largest block is a mapping of its own: one mmap, one mremap to grow it,
+    // one munmap to free it. (The first one also maps the table of direct mappings.)
+    // SAFETY: allocated and freed once.
+    unsafe { edgepool::raw::free(edgepool::raw::alloc(max + MIB, 16)) };
+    let s0 = edgepool::stats();
+    let p = edgepool::raw::alloc(max + MIB, 16);
+    assert!(!p.is_null());
+    let s1 = edgepool::stats();
+    assert_eq!(s1.os_mmap_calls, s0.os_mmap_calls + 1);
+    // SAFETY: a live direct block, grown once and freed once.
+    let q = unsafe { edgepool::raw::realloc(p, max + 8 * MIB, 16) };
+    let s2 = edgepool::stats();
+    assert_eq!(s2.os_mremap_calls, s1.os_mremap_calls + 1);
+    // SAFETY: live, freed once.
+    unsafe { edgepool::raw::free(q) };
+    let s3 = edgepool::stats();
+    assert_eq!(s3.os_munmap_calls, s2.os_munmap_calls + 1);
+    // Every purge is one madvise.
+    drop(resident_blocks(16));
+    let s4 = edgepool::stats();
+    edgepool::trim();
+    let s5 = edgepool::stats();
+    let purges = s5.counters.purges - s4.counters.purges;
+    assert!(purges > 0);
+    assert_eq!(s5.os_madvise_calls - s4.os_madvise_calls, purges);
+    // A load phase that writes 32 MiB of fresh zeroed memory (not prefaulted) takes a fault per page,
+    // and its report says so.
+    let guard = edgepool::load_phase();
+    let mut v = vec![0u8; 32 * MIB];
+    for i in (0..v.len()).step_by(4096) {
+        v[i] = 1;
+    }
+    let report = guard.finish();
+    assert!(report.page_faults >= (32 * MIB / 4096) as u64 * 9 / 10, "{report:?}");
+    assert!(edgepool::stats().page_faults >= s5.page_faults + report.page_faults as usize);
+    drop(v);
 }

@@ -24,7 +24,8 @@ int main(void) {
     F(large_allocs); F(large_frees); F(large_realloc_in_place); F(direct_allocs); F(direct_frees);
     F(direct_bytes); F(purges); F(purged_bytes); F(caches_created); F(caches_adopted); F(caches_abandoned);
     F(arena_chunks_released); F(budget_refusals); F(oom_refusals); F(lock_contended); F(lock_wait_ns);
-    F(run_cache_hits); F(run_cache_bytes);
+    F(run_cache_hits); F(run_cache_bytes); F(os_mmap_calls); F(os_munmap_calls); F(os_madvise_calls);
+    F(os_mprotect_calls); F(os_mremap_calls); F(page_faults);
     /* An older, shorter struct: three fields filled, the rest untouched. */
     struct edgepool_stats t;
     memset(&t, 0xab, sizeof t);
