@@ -272,6 +272,7 @@ fn init_slow() -> bool {
         BUDGETED.store(h.limit != 0, Ordering::Relaxed);
         h.lazy = st.lazy;
         h.secure = st.opts.get(options::SECURE) != 0;
+        SECURE.store(h.secure, Ordering::Relaxed);
         init::open_startup_phase(&st.opts);
         MAX_BLOCK.store(1 << top, Ordering::Relaxed);
         LOAD_PREFAULT.store(st.opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
@@ -913,6 +914,16 @@ static BUDGETED: AtomicBool = AtomicBool::new(false);
 #[inline]
 pub fn budgeted() -> bool {
     BUDGETED.load(Ordering::Relaxed)
+}
+
+/// `EDGEPOOL_SECURE`, published at initialisation (thread run caches stay off in the hardened mode:
+/// a freed run kept resident and accessible would let a write after free land unnoticed).
+static SECURE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the hardened mode (`EDGEPOOL_SECURE`) is on.
+#[inline]
+pub fn secure() -> bool {
+    SECURE.load(Ordering::Relaxed)
 }
 
 /// Marks the head of the large block `p` as live again ([`RUN_LIVE`]) or held in a run cache

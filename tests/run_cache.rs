@@ -1,6 +1,7 @@
 //! The per-thread run cache (freed large blocks of 4–64 KiB kept for the thread's next requests):
 //! it serves the next request of the same page count, stays within its bounds, and empties on
-//! `trim()`, at thread exit, at a load phase's end (and stays off during one), and under a budget.
+//! `trim()`, at thread exit and at a load phase's end, and stays off during a phase, under a budget
+//! and in the hardened mode.
 //! Each test runs in its own child process, so that the process-wide figures belong to it alone.
 
 use std::process::Command;
@@ -12,9 +13,10 @@ static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
 const PAGE: usize = 4096;
 
-fn run_child(test: &str) {
+fn run_child(test: &str, env: &[(&str, &str)]) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -56,7 +58,7 @@ fn churn(n: usize, pages: usize) -> Vec<usize> {
 
 #[test]
 fn serves_the_next_request_and_stays_bounded() {
-    run_child("child_serves_and_bounded");
+    run_child("child_serves_and_bounded", &[]);
 }
 
 #[test]
@@ -102,7 +104,7 @@ fn child_serves_and_bounded() {
 
 #[test]
 fn empties_at_thread_exit_and_for_other_threads_after_trim() {
-    run_child("child_thread_exit_and_trim");
+    run_child("child_thread_exit_and_trim", &[]);
 }
 
 #[test]
@@ -142,7 +144,7 @@ fn child_thread_exit_and_trim() {
 
 #[test]
 fn off_during_a_load_phase_and_empty_at_its_end() {
-    run_child("child_phase");
+    run_child("child_phase", &[]);
 }
 
 #[test]
@@ -176,4 +178,18 @@ fn child_phase() {
     edgepool::set_limit(0);
     churn(2, 2);
     assert_eq!(mine_bytes(), 2 * 2 * PAGE);
+}
+
+#[test]
+fn off_in_the_hardened_mode() {
+    run_child("child_secure", &[("EDGEPOOL_SECURE", "1")]);
+}
+
+#[test]
+#[ignore = "run by off_in_the_hardened_mode in a child process"]
+fn child_secure() {
+    // Freed runs go to the heap, to be purged and sealed: none waits accessible in a thread's cache.
+    start();
+    churn(8, 2);
+    assert_eq!(mine_bytes(), 0);
 }

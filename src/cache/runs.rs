@@ -15,7 +15,8 @@
 //! in `run_cache_bytes`.
 //!
 //! Never while a load phase is open anywhere (loads keep their own policy: nothing waits resident
-//! beyond the live bytes), nor under a memory budget (a cached run would count against it). Emptied:
+//! beyond the live bytes), nor under a memory budget (a cached run would count against it), nor in
+//! the hardened mode (`EDGEPOOL_SECURE`: a freed run must be purged and sealed). Emptied:
 //! at thread exit (abandonment), and by `trim()`, a phase's end and `set_limit`, which flush the
 //! calling thread's cache at once and every other thread's at its next use of it (an epoch).
 
@@ -55,10 +56,10 @@ impl Runs {
     }
 }
 
-/// Whether run caching is on now: no load phase open, no budget.
+/// Whether run caching is on now: no load phase open, no budget, not the hardened mode.
 #[inline]
 fn enabled() -> bool {
-    !phase_state::any_active() && !heap::budgeted()
+    !phase_state::any_active() && !heap::budgeted() && !heap::secure()
 }
 
 /// The calling thread's run cache, flushed first if the epoch moved; null if it has no cache or
