@@ -391,6 +391,11 @@ impl Inner {
         committed - self.buddy.free_bytes + self.buddy.dirty_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
     }
 
+    /// `os_bytes` without the blocks out for purging (they count as taken until put back clean).
+    fn settled_bytes(&self) -> usize {
+        self.os_bytes().saturating_sub(self.in_flight)
+    }
+
     fn note_peak(&mut self) {
         let now = self.os_bytes();
         if now > self.peak {
@@ -400,7 +405,7 @@ impl Inner {
         // for purging count in `os_bytes` until they are put back clean, and while more dirty
         // memory than the threshold waits, a purge is still under way (batches take a few blocks at
         // a time).
-        let settled = now - self.in_flight.min(now);
+        let settled = self.settled_bytes();
         if settled > self.run_high && self.buddy.dirty_bytes <= self.retain_now() {
             self.run_high = settled;
         }
@@ -502,8 +507,8 @@ impl Inner {
     /// load phase, at once (the loader's peak is what matters, and other memory, such as the mapped
     /// model, may rise meanwhile); outside, only what would take the heap above its high-water mark
     /// since the last `trim()` or phase end: below it no peak rises, and the memory waits for
-    /// reuse until decay returns it. (`malloc_large` of the suite: 9.9k purges and 2.3 M page
-    /// faults before, 4.6k and 1.6 M after, at the same peak.)
+    /// reuse until decay returns it. (`malloc_large` of the suite: 9.1k purges and 2.45 M page
+    /// faults before, 5.6k and 1.69 M after; peaks within the spread between runs.)
     fn make_room(&mut self, bytes: usize, batch: &mut PurgeBatch) {
         let keep = self.retain_now();
         if self.buddy.dirty_bytes <= keep {
@@ -513,8 +518,7 @@ impl Inner {
         if !phase_state::any_active() {
             // Outside load phases, fresh pages below the high-water mark since the last phase's end
             // raise no peak: memory waiting for reuse stays (decay returns what waits unused).
-            let settled = self.os_bytes().saturating_sub(self.in_flight);
-            want = want.min(settled.saturating_sub(self.run_high));
+            want = want.min(self.settled_bytes().saturating_sub(self.run_high));
         }
         if want > 0 {
             self.purge_soon(want, batch);
@@ -897,12 +901,14 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
             1usize << order
         };
         h.decay(batch);
-        (e.load == 1, size)
+        (e.load == RUN_LOAD, size)
     })
 }
 
 /// `PageEntry::load` of a live large block's head: allocated outside a load phase.
 pub const RUN_LIVE: u8 = 0;
+/// `PageEntry::load` of a live block's head: allocated inside a load phase.
+pub const RUN_LOAD: u8 = 1;
 /// `PageEntry::load` of a large block's head: held in a thread's run cache (`cache::runs`), not
 /// handed out.
 pub const RUN_CACHED: u8 = 2;
@@ -954,7 +960,7 @@ pub unsafe fn is_run_cached(p: *mut u8) -> bool {
 pub unsafe fn is_load_block(p: *mut u8) -> bool {
     // SAFETY: the head entry of a live run is only written by its owner (caller's contract); `p` is
     // in the region.
-    unsafe { (*page_entry(p as usize)).load == 1 }
+    unsafe { (*page_entry(p as usize)).load == RUN_LOAD }
 }
 
 /// Size in bytes of the large block whose head is `p`.
@@ -1028,7 +1034,7 @@ pub fn trim() -> usize {
         let purged = h.purge_all();
         // The high-water mark that on-demand purging keeps starts again from here (a load phase's
         // end comes through here too).
-        h.run_high = h.os_bytes();
+        h.run_high = h.settled_bytes();
         purged
     })
 }
