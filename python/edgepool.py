@@ -14,7 +14,7 @@ import dataclasses
 import errno
 import os
 
-__all__ = ["PhaseReport", "load_phase", "stats", "trim", "set_limit", "version", "NotPreloaded"]
+__all__ = ["PhaseReport", "load_phase", "stats", "trim", "set_limit", "check", "version", "NotPreloaded"]
 
 
 class NotPreloaded(RuntimeError):
@@ -36,6 +36,7 @@ def _edgepool():
             )
         lib.edgepool_version.restype = ctypes.c_char_p
         lib.edgepool_trim.restype = ctypes.c_size_t
+        lib.edgepool_check.restype = ctypes.c_long
         lib.edgepool_set_limit.argtypes = [ctypes.c_size_t]
         lib.edgepool_prefault_free.argtypes = [ctypes.c_size_t]
         lib.edgepool_prefault_free.restype = ctypes.c_size_t
@@ -108,6 +109,14 @@ def stats():
 def trim():
     """Returns every free heap page to the OS; returns the bytes."""
     return _edgepool().edgepool_trim()
+
+
+def check():
+    """Debug mode (EDGEPOOL_DEBUG=1): checks the canary of every live block and the fill of every
+    quarantined one; returns how many live blocks it checked, or None when debug mode is off. A damaged
+    block is reported on stderr with the last allocator events, and the process aborts."""
+    n = _edgepool().edgepool_check()
+    return None if n < 0 else n
 
 
 def prefault_free(nbytes):

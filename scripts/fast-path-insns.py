@@ -7,7 +7,8 @@ src/cache/mod.rs quotes them:
 Each path is followed from the function's entry through its straight-line code, with the named
 conditional jump taken, up to its `ret`:
 - alloc, stack hit: every conditional jump falls through;
-- alloc, word hit: the second conditional jump (the stack is empty) is taken;
+- alloc, word hit: the last conditional jump of the stack-hit path (the stack is empty) is taken (the
+  jumps before it are the size check and, in a build with the `debug` feature, the hooks check);
 - free by the owner onto the stack: every conditional jump falls through.
 """
 import os
@@ -31,14 +32,14 @@ def function(name):
     return ins
 
 
-def walk(ins, take=0):
+def walk(ins, take=0, jumps=False):
     at = {a: i for i, (a, _, _) in enumerate(ins)}
     i, n, cond = 0, 0, 0
     while True:
         _, op, arg = ins[i]
         n += 1
         if op == "ret":
-            return n
+            return cond if jumps else n
         if op == "jmp":
             return None
         if op.startswith("j"):
@@ -53,5 +54,5 @@ if not os.path.exists(BIN):
     sys.exit("build it first: cargo build --release --example asm_probe")
 alloc, free = function("probe_alloc"), function("probe_free")
 print(f"alloc, stack hit: {walk(alloc)} instructions")
-print(f"alloc, word hit:  {walk(alloc, 2)} instructions")
+print(f"alloc, word hit:  {walk(alloc, walk(alloc, jumps=True))} instructions")
 print(f"free onto the stack by the owner: {walk(free)} instructions")

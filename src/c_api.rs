@@ -373,6 +373,15 @@ pub unsafe fn prefault(p: *mut c_void, n: usize) -> c_int {
     0
 }
 
+/// `edgepool_check`: debug mode's walk of every live block ([`crate::check`]); -1 when debug mode is
+/// off.
+pub fn check() -> libc::c_long {
+    match crate::debug::check() {
+        Some(n) => n.min(libc::c_long::MAX as usize) as libc::c_long,
+        None => -1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

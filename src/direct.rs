@@ -187,6 +187,20 @@ pub fn size_of(p: *mut u8) -> Option<usize> {
     with_direct(|t| t.find(p as usize).map(|i| t.at(i).len))
 }
 
+/// Calls `f(p, len)` for every live direct mapping, with the table's lock held: no mapping is unmapped
+/// while `f` runs (`f` must not allocate or take a lock that comes before `DIRECT`). Returns how many.
+pub fn for_each(mut f: impl FnMut(*mut u8, usize)) -> usize {
+    with_direct(|t| {
+        for i in 0..t.cap {
+            let e = t.at(i);
+            if e.key != EMPTY_KEY && e.key != TOMBSTONE {
+                f(e.key as *mut u8, e.len);
+            }
+        }
+        t.live
+    })
+}
+
 /// Unmaps the direct mapping at `p` (one look-up). Returns `false` (doing nothing) if `p` is not one.
 pub fn free(p: *mut u8) -> bool {
     let Some(e) = with_direct(|t| t.find(p as usize).map(|i| t.remove_at(i))) else { return false };

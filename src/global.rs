@@ -7,15 +7,18 @@
 //! - anything larger to a direct mapping.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::buddy;
 use crate::cache;
+use crate::debug;
 use crate::direct;
 use crate::heap;
+use crate::options;
 use crate::os::{self, PAGE};
 use crate::owner::{self, Owner};
 use crate::phase;
+use crate::profile;
 use crate::size_class::{class_for, class_of, SMALL_MAX};
 use crate::stats::{self, COUNTERS};
 use crate::valgrind as vg;
@@ -45,14 +48,122 @@ fn small_slow(class: usize) -> *mut u8 {
 /// is served as 1 byte.
 #[inline(always)]
 pub fn alloc(size: usize, align: usize) -> *mut u8 {
+    if hooked() {
+        return alloc_hooked(size, align, false);
+    }
+    alloc_raw(size, align)
+}
+
+/// [`alloc`] without the hooks.
+#[inline(always)]
+fn alloc_raw(size: usize, align: usize) -> *mut u8 {
     // One unsigned compare sends 0 and everything beyond SMALL_MAX to the general path.
-    let p = if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
+    if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
         small(class_of(size))
     } else {
         alloc_general(size, align, false)
-    };
+    }
+}
+
+/// Whether allocations go through [`alloc_hooked`] and frees through [`free_hooked`]: under valgrind,
+/// in debug mode, and until the first call has found out (the hooks must be known before the first
+/// block is handed out: debug mode changes every block's layout).
+static HOOKS: AtomicU8 = AtomicU8::new(HOOKS_UNKNOWN);
+const HOOKS_UNKNOWN: u8 = 0x80;
+const HOOK_VALGRIND: u8 = 1;
+const HOOK_DEBUG: u8 = 2;
+const HOOK_PROFILE: u8 = 4;
+
+/// One load and branch on the fast paths: 4 instructions on each (`scripts/fast-path-insns.py`), no
+/// difference that criterion's `pair` and `batch` benches can measure (see the README, "Debug mode").
+///
+/// Without the `debug` feature only valgrind's client requests need it: with the `valgrind` feature
+/// [`vg::active`] is the check, and without either nothing is checked at all.
+#[inline(always)]
+fn hooked() -> bool {
+    if cfg!(feature = "debug") {
+        HOOKS.load(Ordering::Relaxed) != 0
+    } else {
+        vg::active()
+    }
+}
+
+/// The hooks in effect, found out on first use: initialises the heap (which reads the options),
+/// starts debug mode if `EDGEPOOL_DEBUG` asks for it and profiling if `EDGEPOOL_PROFILE` does (neither
+/// under valgrind, which checks the same things itself, and would see debug mode's trailers as the
+/// program's bytes).
+#[cold]
+fn hooks() -> u8 {
+    let h = HOOKS.load(Ordering::Relaxed);
+    if h & HOOKS_UNKNOWN == 0 {
+        return h;
+    }
     if vg::active() {
-        vg_handed_out(p, size, false);
+        HOOKS.store(HOOK_VALGRIND, Ordering::Relaxed);
+        return HOOK_VALGRIND;
+    }
+    if !cfg!(feature = "debug") {
+        HOOKS.store(0, Ordering::Relaxed);
+        return 0;
+    }
+    let mut h = 0;
+    if heap::ensure_init() {
+        let opts = heap::options();
+        if debug::start(opts.get(options::DEBUG)) {
+            h |= HOOK_DEBUG;
+        }
+        if opts.get(options::PROFILE) != 0 {
+            profile::start();
+            h |= HOOK_PROFILE;
+        }
+    }
+    // Published before the exit hook is registered: `atexit` may allocate, which must find the hooks
+    // known.
+    if HOOKS.swap(h, Ordering::Relaxed) & HOOKS_UNKNOWN != 0 && h & HOOK_PROFILE != 0 {
+        os::at_exit(profile::report);
+    }
+    h
+}
+
+/// [`alloc`] (or [`alloc_zeroed`]) through the hooks.
+#[cold]
+#[inline(never)]
+fn alloc_hooked(size: usize, align: usize, zeroed: bool) -> *mut u8 {
+    let h = hooks();
+    let p = if h & HOOK_DEBUG != 0 {
+        debug_alloc(size, align, zeroed, debug::Op::Alloc)
+    } else if zeroed {
+        alloc_zeroed_raw(size, align)
+    } else {
+        alloc_raw(size, align)
+    };
+    if h & HOOK_VALGRIND != 0 {
+        vg_handed_out(p, size, zeroed);
+    }
+    if h & HOOK_PROFILE != 0 && !p.is_null() {
+        profile::on_alloc(size, block_usable(p));
+    }
+    p
+}
+
+/// The usable size of the live block `p` in the allocator underneath (debug mode's trailer
+/// included), or 0 when `p` is not a block.
+fn block_usable(p: *mut u8) -> usize {
+    // SAFETY: `owner` only looks `p` up; `usable` reads a live block's metadata, and answers `None`
+    // for a pointer that is not one.
+    unsafe { owner::usable(owner::owner(p), p) }.unwrap_or(0)
+}
+
+/// Debug mode's allocation: `size` plus the trailer, then the canary (see `debug`).
+fn debug_alloc(size: usize, align: usize, zeroed: bool, op: debug::Op) -> *mut u8 {
+    let Some(n) = size.checked_add(debug::TRAILER) else { return core::ptr::null_mut() };
+    let p = if zeroed { alloc_zeroed_raw(n, align) } else { alloc_raw(n, align) };
+    if !p.is_null() {
+        // SAFETY: a block just handed out; its owner tells its usable size.
+        unsafe {
+            let usable = owner::usable(owner::owner(p), p).unwrap_or(n);
+            debug::handed_out(p, size, usable, op);
+        }
     }
     p
 }
@@ -161,11 +272,10 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
 /// Allocates zeroed memory.
 #[inline]
 pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
-    let p = alloc_zeroed_raw(size, align);
-    if vg::active() {
-        vg_handed_out(p, size, true);
+    if hooked() {
+        return alloc_hooked(size, align, true);
     }
-    p
+    alloc_zeroed_raw(size, align)
 }
 
 #[inline]
@@ -187,14 +297,52 @@ fn alloc_zeroed_raw(size: usize, align: usize) -> *mut u8 {
 /// - `p` is null or was returned by this allocator and not freed since.
 #[inline(always)]
 pub unsafe fn free(p: *mut u8) {
-    if vg::active() && !p.is_null() {
+    if hooked() {
+        // SAFETY: forwarded contract.
+        return unsafe { free_hooked(p) };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { free_raw(p) }
+}
+
+/// [`free`] through the hooks.
+///
+/// # Safety
+/// - as [`free`].
+#[cold]
+#[inline(never)]
+unsafe fn free_hooked(p: *mut u8) {
+    if p.is_null() {
+        return;
+    }
+    let h = hooks();
+    if h & HOOK_PROFILE != 0 {
+        profile::on_free(block_usable(p));
+    }
+    // SAFETY: forwarded contract.
+    unsafe { free_with(h, p) }
+}
+
+/// Frees `p` (not null) through the hooks `h` other than profiling.
+///
+/// # Safety
+/// - as [`free`].
+unsafe fn free_with(h: u8, p: *mut u8) {
+    if h & HOOK_DEBUG != 0 {
+        // SAFETY: debug mode is on; `retire` checks `p` and aborts unless it is a live block.
+        let r = unsafe { debug::retire(p, debug::Op::Free) };
+        // SAFETY: a live block of the allocator underneath that debug mode gives up (or null).
+        unsafe { free_raw(r.block()) };
+        return;
+    }
+    if h & HOOK_VALGRIND != 0 {
         vg_given_back(p);
     }
     // SAFETY: forwarded contract.
     unsafe { free_raw(p) }
 }
 
-/// [`free`] without telling valgrind.
+/// [`free`] without the hooks.
 ///
 /// # Safety
 /// - as [`free`].
@@ -242,7 +390,8 @@ unsafe fn free_general(p: *mut u8) {
     }
 }
 
-/// Usable size of a live block (at least what was requested; all of it writable). 0 for null.
+/// Usable size of a live block (at least what was requested; all of it writable). 0 for null. In
+/// debug mode, the size requested (the rest belongs to the canary).
 ///
 /// # Safety
 /// - `p` is null or a live block of this allocator.
@@ -250,15 +399,14 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
     if p.is_null() {
         return 0;
     }
-    match owner::owner(p) {
-        // SAFETY: a live slab's header is immutable after init.
-        Owner::Slab(s) => unsafe { (*s).size as usize },
-        // SAFETY: a live arena object.
-        Owner::Arena(c) => unsafe { crate::arena::usable_size(c, p) },
-        // SAFETY: a live large block head.
-        Owner::Large => unsafe { heap::block_size(p) },
-        Owner::Direct(len) => len,
-        Owner::Unknown => os::invalid_pointer(p, "malloc_usable_size(): invalid pointer"),
+    if hooked() && hooks() & HOOK_DEBUG != 0 {
+        // SAFETY: debug mode is on; aborts unless `p` is a live block.
+        return unsafe { debug::live_size(p, debug::Op::UsableSize) };
+    }
+    // SAFETY: forwarded contract.
+    match unsafe { owner::usable(owner::owner(p), p) } {
+        Some(n) => n,
+        None => os::invalid_pointer(p, "malloc_usable_size(): invalid pointer"),
     }
 }
 
@@ -268,12 +416,63 @@ pub unsafe fn usable_size(p: *mut u8) -> usize {
 /// # Safety
 /// - `p` is a live block of this allocator, allocated with alignment `align`.
 pub unsafe fn realloc(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
-    if vg::active() {
+    if hooked() {
         // SAFETY: forwarded contract.
-        return unsafe { realloc_under_valgrind(p, new_size, align) };
+        return unsafe { realloc_hooked(p, new_size, align) };
     }
     // SAFETY: forwarded contract.
     unsafe { realloc_raw(p, new_size, align) }
+}
+
+/// [`realloc`] through the hooks.
+///
+/// # Safety
+/// - as [`realloc`].
+#[cold]
+#[inline(never)]
+unsafe fn realloc_hooked(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
+    let h = hooks();
+    if h & HOOK_VALGRIND != 0 {
+        // SAFETY: forwarded contract.
+        return unsafe { realloc_under_valgrind(p, new_size, align) };
+    }
+    let old = if h & HOOK_PROFILE != 0 { block_usable(p) } else { 0 };
+    let q = if h & HOOK_DEBUG != 0 {
+        // SAFETY: forwarded contract.
+        unsafe { realloc_debug(p, new_size, align) }
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { realloc_raw(p, new_size, align) }
+    };
+    if h & HOOK_PROFILE != 0 && !q.is_null() {
+        profile::on_free(old);
+        profile::on_alloc(new_size, block_usable(q));
+    }
+    q
+}
+
+/// [`realloc`] in debug mode: the old block's canary is checked, and the block always moves (so that
+/// a stale pointer to the old one reads the freed fill).
+///
+/// # Safety
+/// - as [`realloc`].
+#[cold]
+#[inline(never)]
+unsafe fn realloc_debug(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
+    // SAFETY: debug mode is on; aborts unless `p` is a live block.
+    let old = unsafe { debug::live_size(p, debug::Op::Realloc) };
+    let q = debug_alloc(new_size.max(1), align, false, debug::Op::Realloc);
+    if q.is_null() {
+        return q;
+    }
+    debug::note_realloc(p, q, new_size);
+    // SAFETY: both blocks are live and distinct; the copy stays inside both; then the old block is
+    // given up (checked again, filled, quarantined).
+    unsafe {
+        core::ptr::copy_nonoverlapping(p, q, old.min(new_size));
+        free_with(HOOK_DEBUG, p);
+    }
+    q
 }
 
 /// [`realloc`] under valgrind: always a new block (as valgrind's own `realloc` does), so that the

@@ -343,6 +343,13 @@ pub fn page_kind_off(p: usize) -> Option<(PageKind, usize)> {
     Some((unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }, off))
 }
 
+/// The heap's region as `(base, span)`; `(0, 0)` before initialisation.
+pub fn region() -> (usize, usize) {
+    // Acquire first: see `Region`.
+    let span = REGION.span.load(Ordering::Acquire);
+    (REGION.base.load(Ordering::Relaxed), span)
+}
+
 /// The header entry of the slab whose block holds the region offset `off` (from [`page_kind_off`]).
 #[inline(always)]
 pub fn slab_at(off: usize) -> *mut Slab {

@@ -181,6 +181,12 @@ pub fn after_start(opts: &Values, stats_at_exit: extern "C" fn()) {
     if opts.get(options::STATS) != 0 {
         os::at_exit(stats_at_exit);
     }
+    if !cfg!(feature = "debug") && (opts.get(options::DEBUG) != 0 || opts.get(options::PROFILE) != 0) {
+        os::write_stderr(
+            b"edgepool: EDGEPOOL_DEBUG and EDGEPOOL_PROFILE need a library built with the `debug` feature \
+              (cargo build --release -p edgepool-cdylib --features debug); ignored\n",
+        );
+    }
 }
 
 /// `EDGEPOOL_VERBOSE`: the version, the build flavour and every option in effect, on stderr.

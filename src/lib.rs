@@ -25,7 +25,7 @@
 //! | 5 | heap | the global buddy heap: its lock, growth, purging, the budget, the page map |
 //! | 6 | direct, arena, curve | direct mappings beyond the largest block; the load arena; the memory curve's sampler |
 //! | 7 | cache, owner | thread caches (fast paths, remote frees, life, phase settling); pointer → owner |
-//! | 8 | phase | load and run phases: guards, reports, the C API's phase, the start-up trigger |
+//! | 8 | phase, debug, profile | load and run phases: guards, reports, the C API's phase, the start-up trigger; debug mode's canaries, live-block bitmap, quarantine and event ring; sizing advice (`EDGEPOOL_PROFILE`) |
 //! | 9 | global | routing: which part serves a request; [`EdgePool`] |
 //! | 10 | c_api | the C allocation API with glibc's semantics (exported by `libedgepool.so`) |
 //! | 11 | plan, model | the static memory planner; memory-mapped model files (both use only the allocation entry points) |
@@ -37,6 +37,7 @@ mod buddy;
 pub mod c_api;
 mod cache;
 pub mod curve;
+mod debug;
 mod direct;
 mod global;
 mod heap;
@@ -48,6 +49,7 @@ mod owner;
 mod phase;
 mod phase_state;
 pub mod plan;
+mod profile;
 mod size_class;
 mod slab;
 mod stats;
@@ -107,6 +109,14 @@ pub fn prefault_free(bytes: usize) -> usize {
 /// it fail with a null pointer. Same as `EDGEPOOL_LIMIT`.
 pub fn set_limit(bytes: usize) {
     global::set_limit(bytes)
+}
+
+/// Debug mode (`EDGEPOOL_DEBUG=1`): walks every live block and checks its canary, and every block in
+/// the quarantine and checks that nothing wrote to it after it was freed. Returns the number of live
+/// blocks checked, or `None` when debug mode is off. At the first damaged block it prints what it
+/// found and the last allocator events, and aborts the process.
+pub fn check() -> Option<usize> {
+    debug::check()
 }
 
 /// Walks the heap's internal structures and checks their invariants (for tests and debugging).

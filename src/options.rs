@@ -15,10 +15,14 @@ pub enum Kind {
     Path,
     /// A boolean, or `json:PATH` (kept as [`STATS_JSON`]; the path is read again when it is used).
     Stats,
+    /// A boolean, or `backtrace` (kept as [`DEBUG_BACKTRACE`]).
+    Debug,
 }
 
 /// `EDGEPOOL_STATS=json:PATH`.
 pub const STATS_JSON: u64 = 2;
+/// `EDGEPOOL_DEBUG=backtrace`.
+pub const DEBUG_BACKTRACE: u64 = 2;
 
 pub struct OptionDef {
     pub name: &'static str,
@@ -43,9 +47,11 @@ pub const LOAD_PREFAULT: usize = 11;
 pub const SECURE: usize = 12;
 pub const CURVE: usize = 13;
 pub const CURVE_MS: usize = 14;
+pub const DEBUG: usize = 15;
+pub const PROFILE: usize = 16;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 15] = [
+pub const OPTIONS: [OptionDef; 17] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -135,6 +141,18 @@ pub const OPTIONS: [OptionDef; 15] = [
         kind: Kind::Size,
         default: 5,
         description: "milliseconds between two samples of EDGEPOOL_CURVE (at least 1)",
+    },
+    OptionDef {
+        name: "DEBUG",
+        kind: Kind::Debug,
+        default: 0,
+        description: "(a library built with the `debug` feature) debug mode: a canary after every block, checked at free, realloc and edgepool_check(); every double or invalid free caught; freed blocks filled with 0xDD and small ones held in a quarantine that catches writes after free; the last 256 allocator events dumped on corruption and on SIGSEGV, SIGBUS and SIGABRT (backtrace: with the callers of each event)",
+    },
+    OptionDef {
+        name: "PROFILE",
+        kind: Kind::Bool,
+        default: 0,
+        description: "(a library built with the `debug` feature) sizing advice: count requests by size and the peak live blocks of each class; at exit, print the waste of today's size classes, the classes with the least waste for this run, and the pools that would have held its peak with 1.2x headroom",
     },
 ];
 
@@ -296,6 +314,8 @@ impl Values {
                         Some(_) => Err("json: needs a file name of 1 to 4095 bytes"),
                         None => parse_bool(value).map(u64::from).ok_or("it is 1/0 (or true/false...) or json:PATH"),
                     },
+                    Kind::Debug if trim(value).eq_ignore_ascii_case(b"backtrace") => Ok(DEBUG_BACKTRACE),
+                    Kind::Debug => parse_bool(value).map(u64::from).ok_or("it is 1/0 (or true/false...) or backtrace"),
                 };
                 self.0[i] = parsed.and_then(|v| validate(i, v))?;
                 return Ok(true);
@@ -323,6 +343,20 @@ mod tests {
         assert!(v.apply(b"STATS", b"json:").is_err());
         assert!(v.apply(b"STATS", b"xml:/tmp/s").is_err());
         assert_eq!(v.get(STATS), STATS_JSON);
+    }
+
+    #[test]
+    fn debug_takes_a_boolean_or_backtrace() {
+        let mut v = Values::defaults();
+        assert_eq!(v.get(DEBUG), 0);
+        assert_eq!(v.apply(b"DEBUG", b"1"), Ok(true));
+        assert_eq!(v.get(DEBUG), 1);
+        assert_eq!(v.apply(b"DEBUG", b"Backtrace"), Ok(true));
+        assert_eq!(v.get(DEBUG), DEBUG_BACKTRACE);
+        assert!(v.apply(b"DEBUG", b"loud").is_err());
+        assert_eq!(v.get(DEBUG), DEBUG_BACKTRACE);
+        assert_eq!(v.apply(b"DEBUG", b"off"), Ok(true));
+        assert_eq!(v.get(DEBUG), 0);
     }
 
     #[test]

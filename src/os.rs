@@ -502,6 +502,113 @@ pub fn on_signal(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) {
     }
 }
 
+/// A handler of fatal signals, `SA_SIGINFO` style.
+pub type FatalHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void);
+
+/// Installs `handler` for `sig` (`SA_SIGINFO | SA_ONSTACK`, so that it runs on an alternate stack
+/// where the thread has one) and stores the action it replaces in `old`, for [`chain_signal`].
+///
+/// # Safety
+/// - `old` is valid for writes and is not read by a handler of `sig` before this returns.
+pub unsafe fn install_fatal_handler(sig: libc::c_int, handler: FatalHandler, old: *mut libc::sigaction) {
+    // SAFETY: a zeroed sigaction is a valid starting value; `old` is writable (contract).
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, old);
+    }
+}
+
+/// From a handler of `sig`: passes the signal on to the action `old` that was in place before ours —
+/// calls its handler, or, for the default action (and for an ignored signal, which cannot be ignored
+/// once it is a fault), restores it and raises the signal again, so that it takes effect when the
+/// handler returns (a fault re-executes, and kills the process with the right status).
+///
+/// # Safety
+/// - called from a handler of `sig` with the handler's own `info` and `ctx`; `old` is the action
+///   [`install_fatal_handler`] stored.
+pub unsafe fn chain_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void, old: &libc::sigaction) {
+    let h = old.sa_sigaction;
+    // SAFETY: `h` is the previous action's handler, called with the arguments its flags promise;
+    // sigaction and raise are async-signal-safe.
+    unsafe {
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            let mut sa: libc::sigaction = core::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, core::ptr::null_mut());
+            libc::raise(sig);
+        } else if old.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: FatalHandler = core::mem::transmute::<usize, FatalHandler>(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = core::mem::transmute::<usize, extern "C" fn(libc::c_int)>(h);
+            f(sig);
+        }
+    }
+}
+
+/// The fault address of a `SIGSEGV` or `SIGBUS` (null for other signals).
+///
+/// # Safety
+/// - `info` is the `siginfo_t` a handler received.
+pub unsafe fn fault_address(sig: libc::c_int, info: *const libc::siginfo_t) -> usize {
+    if info.is_null() || (sig != libc::SIGSEGV && sig != libc::SIGBUS) {
+        return 0;
+    }
+    // SAFETY: a fault's siginfo carries `si_addr` (contract).
+    unsafe { (*info).si_addr() as usize }
+}
+
+/// Aborts the process (`abort()`: `SIGABRT`, through any handler installed for it).
+pub fn abort() -> ! {
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// The calling thread's kernel thread id.
+pub fn thread_id() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Fills `frames` with the return addresses of the calling stack, innermost first (glibc's
+/// `backtrace`); returns how many it wrote. The first call in a process loads the unwinder, which
+/// allocates: the caller must make a nested allocation skip its own backtrace.
+pub fn backtrace(frames: &mut [*mut c_void]) -> usize {
+    // SAFETY: the buffer is valid for `len` entries.
+    let n = unsafe { libc::backtrace(frames.as_mut_ptr(), frames.len().min(i32::MAX as usize) as libc::c_int) };
+    n.max(0) as usize
+}
+
+/// Appends ` (symbol+0xoff)` or ` (file+0xoff)` for code address `addr` to `m`, when the dynamic
+/// loader knows it (`dladdr`: no allocation, but the loader's lock; not for signal handlers).
+pub fn describe_code_address(addr: usize, m: &mut MsgBuf) {
+    // SAFETY: dladdr only reads the loader's tables and writes `info`.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
+        return;
+    }
+    let (name, base) = if !info.dli_sname.is_null() {
+        (info.dli_sname, info.dli_saddr as usize)
+    } else if !info.dli_fname.is_null() {
+        (info.dli_fname, info.dli_fbase as usize)
+    } else {
+        return;
+    };
+    // SAFETY: dladdr's names are NUL-terminated strings of the loader's, alive while the object is.
+    let bytes = unsafe { core::ffi::CStr::from_ptr(name) }.to_bytes();
+    let bytes = match bytes.iter().rposition(|&c| c == b'/') {
+        Some(i) if info.dli_sname.is_null() => &bytes[i + 1..],
+        _ => bytes,
+    };
+    m.str(" (").str(core::str::from_utf8(&bytes[..bytes.len().min(160)]).unwrap_or("?"));
+    m.str("+").hex(addr.wrapping_sub(base)).str(")");
+}
+
 /// A small fixed-capacity text buffer for messages built without allocating.
 pub struct MsgBuf {
     buf: [u8; 512],

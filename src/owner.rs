@@ -58,3 +58,20 @@ pub fn owner(p: *mut u8) -> Owner {
     }
     Owner::Unknown
 }
+
+/// The usable size of the live block at `p` whose owner is `o` (`None` for [`Owner::Unknown`]).
+///
+/// # Safety
+/// - `p` is a live block of `o` (for a slab or an arena, the start of one of its blocks).
+pub unsafe fn usable(o: Owner, p: *mut u8) -> Option<usize> {
+    Some(match o {
+        // SAFETY: a live slab's header is immutable after init.
+        Owner::Slab(s) => unsafe { (*s).size as usize },
+        // SAFETY: a live arena object (contract).
+        Owner::Arena(c) => unsafe { crate::arena::usable_size(c, p) },
+        // SAFETY: a live large block head (contract).
+        Owner::Large => unsafe { heap::block_size(p) },
+        Owner::Direct(len) => len,
+        Owner::Unknown => return None,
+    })
+}

@@ -195,7 +195,7 @@ impl Slab {
     /// # Safety
     /// - `this` is a live slab.
     #[inline(always)]
-    unsafe fn slot_of(this: *mut Slab, p: usize) -> Option<usize> {
+    pub unsafe fn slot_of(this: *mut Slab, p: usize) -> Option<usize> {
         // SAFETY: the geometry fields of a live slab are immutable after init; they are read through
         // the raw pointer, without a reference to the header, whose owner fields the owner may be
         // writing meanwhile (this runs on remote frees too).

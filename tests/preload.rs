@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::preload::{compile_c, lib, run_with, stat, tmp_dir};
+use common::preload::{compile_c, lib, lib_debug, run_with, stat, tmp_dir};
 
 /// Every symbol the library must export.
 const REQUIRED: &[&str] = &[
@@ -43,6 +43,7 @@ const REQUIRED: &[&str] = &[
     "__posix_memalign",
     "edgepool_version",
     "edgepool_trim",
+    "edgepool_check",
     "edgepool_print_stats",
     "edgepool_stats",
     "edgepool_set_limit",
@@ -170,6 +171,55 @@ fn hardened_mode_turns_overflows_and_writes_after_free_into_faults() {
         assert!(out.contains(doing), "{case}: {out}");
         assert_eq!(hard.status.signal(), Some(libc::SIGSEGV), "{case}, EDGEPOOL_SECURE=1: {out}");
     }
+}
+
+/// Runs `cmd` on the library built with the `debug` feature, with `EDGEPOOL_DEBUG=value`.
+fn run_debug(cmd: &mut Command, value: &str) -> Output {
+    cmd.env("LD_PRELOAD", lib_debug()).env("EDGEPOOL_DEBUG", value).output().unwrap()
+}
+
+#[test]
+fn debug_mode_catches_each_bug_of_a_c_program_and_dumps_the_events() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tmp_dir("debug");
+    let exe = dir.join("debug");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/debug.c"), &exe, &["-pthread"]);
+    let dump = "allocator events, oldest first (EDGEPOOL_DEBUG)";
+    // A correct program runs to the end, and edgepool_check() walks its blocks.
+    let ok = run_debug(Command::new(&exe).arg("ok"), "1");
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success() && out.contains("survived"), "{out}{}", String::from_utf8_lossy(&ok.stderr));
+    let checked: i64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(checked > 0 && out.contains("usable 40"), "{out}");
+    let plain = run_with(Command::new(&exe).arg("ok"), true, &[]);
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("checked -1"), "check() without debug mode");
+    // The library built without the `debug` feature says so, and runs as without the variable.
+    let refused = run_with(Command::new(&exe).arg("ok"), true, &[("EDGEPOOL_DEBUG", "1")]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(refused.status.success() && err.contains("need a library built with the `debug` feature"), "{err}");
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("checked -1"));
+    for (case, signal, message) in [
+        ("overflow", libc::SIGABRT, "overwritten at byte 40 (0x78 where 0xa5 belongs); detected at free()"),
+        ("double_thread", libc::SIGABRT, "free(): double free: the block was freed already"),
+        ("double_large", libc::SIGABRT, "free(): double free: the block was freed already"),
+        ("stack", libc::SIGABRT, "free(): invalid pointer: not memory of this allocator"),
+        ("interior", libc::SIGABRT, "free(): invalid pointer: not the start of a live block"),
+        ("uaf", libc::SIGABRT, "write after free: the freed block"),
+        ("segv", libc::SIGSEGV, "edgepool: SIGSEGV at address 0x10"),
+    ] {
+        let out = run_debug(Command::new(&exe).arg(case), "1");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(signal), "{case}: {:?}\n{err}", out.status);
+        assert!(err.contains(message) && err.contains(dump), "{case}:\n{err}");
+        // Without debug mode: no claim of what was not detected.
+        let plain = run_with(Command::new(&exe).arg(case), true, &[]);
+        assert!(!String::from_utf8_lossy(&plain.stderr).contains(dump), "{case} without debug mode");
+    }
+    // The dump before a crash names the block allocated last.
+    let out = run_debug(Command::new(&exe).arg("segv"), "backtrace");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().any(|l| l.contains(" alloc ") && l.contains(" 4242 bytes")), "{err}");
+    assert!(err.lines().any(|l| l.trim_start().starts_with("at 0x")), "no callers with backtrace: {err}");
 }
 
 #[test]
@@ -537,6 +587,50 @@ fn onnxruntime_inference_session_identical_under_edgepool() {
     assert_eq!(std::fs::read(&model_a).unwrap(), std::fs::read(&model_b).unwrap());
     assert!(stat(&stderr, "slab_refills") > 1000, "onnxruntime did not allocate through edgepool:\n{stderr}");
     assert!(stat(&stderr, "large_allocs") > 10, "{stderr}");
+}
+
+#[test]
+fn real_programs_run_unchanged_in_debug_mode() {
+    // python3 (threads, json, re, fork) and sqlite3 with every block checked: same output, no alarm.
+    let script = programs().join("py_workload.py");
+    let plain = Command::new("python3").arg(&script).arg("1").output().unwrap();
+    let pre = run_debug(Command::new("python3").arg(&script).arg("1"), "1");
+    assert!(pre.status.success(), "{}", String::from_utf8_lossy(&pre.stderr));
+    assert_eq!(pre.stdout, plain.stdout);
+    let sql = std::fs::read(programs().join("sqlite_workload.sql")).unwrap();
+    let sqlite = |preload: bool| {
+        let mut c = Command::new("sqlite3");
+        c.arg(":memory:").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        if preload {
+            c.env("LD_PRELOAD", lib_debug()).env("EDGEPOOL_DEBUG", "1");
+        }
+        let mut child = c.spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&sql).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let (a, b) = (sqlite(false), sqlite(true));
+    assert!(b.status.success() && a.stdout == b.stdout && a.stdout.len() > 100);
+    // onnxruntime: the same inference, then edgepool.check() from Python walks the live blocks.
+    let Some(python) = ort_python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tmp_dir("ort-debug");
+    let infer = programs().join("ort_infer.py");
+    let plain = Command::new(&python).arg(&infer).arg(dir.join("a.onnx")).output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let code = format!(
+        "import runpy, sys; sys.argv = ['ort_infer.py', {:?}]; runpy.run_path({:?}, run_name='__main__'); \
+         import edgepool; print('checked', edgepool.check())",
+        dir.join("b.onnx").to_str().unwrap(),
+        infer.to_str().unwrap()
+    );
+    let pre = run_debug(Command::new(&python).args(["-c", &code]).env("PYTHONPATH", root.join("python")), "1");
+    let out = String::from_utf8_lossy(&pre.stdout);
+    assert!(pre.status.success(), "{out}{}", String::from_utf8_lossy(&pre.stderr));
+    let (infer_out, last) = out.trim_end().rsplit_once('\n').unwrap();
+    assert_eq!(format!("{infer_out}\n"), String::from_utf8_lossy(&plain.stdout), "inference output differs");
+    let checked: usize = last.strip_prefix("checked ").unwrap().parse().unwrap();
+    assert!(checked > 1000, "{last}");
 }
 
 #[test]

@@ -20,6 +20,11 @@ const char *edgepool_version(void);
 /* Returns every free page of the heap to the OS (also what exited threads left). Returns the bytes. */
 size_t edgepool_trim(void);
 
+/* Debug mode (EDGEPOOL_DEBUG=1): checks the canary after every live block and the fill of every block
+ * in the quarantine. Returns the number of live blocks checked, or -1 when debug mode is off. At the
+ * first damaged block it prints what it found and the last allocator events, and aborts. */
+long edgepool_check(void);
+
 /* Writes the statistics report (bytes taken from the OS, peak, counters) to file descriptor `fd`. */
 void edgepool_print_stats(int fd);
 

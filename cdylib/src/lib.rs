@@ -61,6 +61,7 @@ export! {
     // edgepool's own C API (cdylib/include/edgepool.h).
     edgepool_version() -> *const c_char = c_api::version();
     edgepool_trim() -> usize = ep::trim();
+    edgepool_check() -> core::ffi::c_long = c_api::check();
     edgepool_print_stats(fd: c_int) = c_api::write_stats(fd);
     edgepool_stats(out: *mut u64, size: usize) -> c_int = c_api::stats_into(out, size);
     edgepool_set_limit(bytes: usize) = ep::set_limit(bytes);

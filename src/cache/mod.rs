@@ -16,8 +16,9 @@
 //! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
 //! including the size check, the size-class table, the TLS load, the row's allocation count (one
 //! `inc` on the row's line: the phase reports count every allocation) and clearing the freed mark; a
-//! free by the owner onto the stack runs 51, including the page-map lookup, the owner compare, the
-//! interior-pointer check and the freed mark (5 of them). (Before the rows were reached through
+//! free by the owner onto the stack runs 55, including the page-map lookup, the owner compare, the
+//! interior-pointer check and the freed mark (5 of them). The `debug` feature adds the hooks check
+//! (`global`: debug mode, profiling) to each: 26, 32 and 59. (Before the rows were reached through
 //! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.)
 //!
 //! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the

@@ -17,6 +17,12 @@ pub fn lib_valgrind() -> PathBuf {
     LIB.get_or_init(|| build_lib("preload-valgrind", &["--features", "valgrind"])).clone()
 }
 
+/// Builds `libedgepool.so` with the `debug` feature (debug mode, sizing advice), once per test binary.
+pub fn lib_debug() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| build_lib("preload-debug", &["--features", "debug"])).clone()
+}
+
 fn build_lib(dir: &str, extra: &[&str]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = root.join("target").join(dir);
