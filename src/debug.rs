@@ -371,16 +371,17 @@ impl Op {
     }
 }
 
-/// The block at `p` (`usable` bytes) was just handed out for a request of `size` bytes (`size +
-/// TRAILER <= usable`): writes its canary and trailer, marks it live, records the event.
+/// The block at `p` (`usable` bytes, owned by `o`) was just handed out for a request of `size` bytes
+/// (`size + TRAILER <= usable`): writes its canary and trailer, marks it live, records the event.
 ///
 /// # Safety
 /// - `p` is a block just handed out by the allocator underneath, of `usable` bytes, the caller's.
-pub unsafe fn handed_out(p: *mut u8, size: usize, usable: usize, op: Op) {
+pub unsafe fn handed_out(p: *mut u8, o: Owner, size: usize, usable: usize, op: Op) {
     // SAFETY: forwarded contract.
     unsafe { write_live(p, size, usable) };
-    // Release: whoever sees the bit sees the trailer.
-    if let Some(bit) = bit_of(p) {
+    // Release: whoever sees the bit sees the trailer. A direct mapping has no bit, even where it lies
+    // in a hole of a lazy region: the direct table knows it exactly.
+    if let Some(bit) = bit_of(p).filter(|_| !matches!(o, Owner::Direct(_))) {
         word(bit / 64).fetch_or(1 << (bit % 64), Ordering::Release);
         if HIGH.load(Ordering::Relaxed) <= bit / 64 {
             HIGH.fetch_max(bit / 64 + 1, Ordering::Release);

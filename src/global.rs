@@ -118,8 +118,9 @@ fn hooks() -> u8 {
         }
     }
     // Published before the exit hook is registered: `atexit` may allocate, which must find the hooks
-    // known.
-    if HOOKS.swap(h, Ordering::Relaxed) & HOOKS_UNKNOWN != 0 && h & HOOK_PROFILE != 0 {
+    // known. Threads that resolve at the same time find the same value; one of them publishes it and
+    // registers the report.
+    if HOOKS.compare_exchange(HOOKS_UNKNOWN, h, Ordering::Relaxed, Ordering::Relaxed).is_ok() && h & HOOK_PROFILE != 0 {
         os::at_exit(profile::report);
     }
     h
@@ -161,8 +162,9 @@ fn debug_alloc(size: usize, align: usize, zeroed: bool, op: debug::Op) -> *mut u
     if !p.is_null() {
         // SAFETY: a block just handed out; its owner tells its usable size.
         unsafe {
-            let usable = owner::usable(owner::owner(p), p).unwrap_or(n);
-            debug::handed_out(p, size, usable, op);
+            let o = owner::owner(p);
+            let usable = owner::usable(o, p).unwrap_or(n);
+            debug::handed_out(p, o, size, usable, op);
         }
     }
     p
