@@ -1,8 +1,9 @@
 //! Debug mode (`EDGEPOOL_DEBUG=1`, or `=backtrace`): catches heap corruption where it happens and
 //! says what the allocator saw last.
 //!
-//! `global` sends every allocation entry point here when the option is set at start-up (one load and
-//! branch on its fast paths, shared with valgrind's client requests and profiling):
+//! Compiled in with the `debug` feature: `global` then sends every allocation entry point here when
+//! the option is set at start-up (one load and branch on its fast paths, shared with valgrind's
+//! client requests and profiling):
 //!
 //! - **Canary.** Every block is allocated 8 bytes larger and ends in a *trailer*: four `0xA5` bytes
 //!   and the distance from the requested end to the trailer, XOR a per-process key mixed with the
