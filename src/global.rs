@@ -66,7 +66,7 @@ fn alloc_raw(size: usize, align: usize) -> *mut u8 {
 }
 
 /// Whether allocations go through [`alloc_hooked`] and frees through [`free_hooked`]: under valgrind,
-/// in debug mode, and until the first call has found out (the hooks must be known before the first
+/// in debug mode or profiling, and until the first call has found out (the hooks must be known before the first
 /// block is handed out: debug mode changes every block's layout).
 static HOOKS: AtomicU8 = AtomicU8::new(HOOKS_UNKNOWN);
 const HOOKS_UNKNOWN: u8 = 0x80;
@@ -74,8 +74,9 @@ const HOOK_VALGRIND: u8 = 1;
 const HOOK_DEBUG: u8 = 2;
 const HOOK_PROFILE: u8 = 4;
 
-/// One load and branch on the fast paths: 4 instructions on each (`scripts/fast-path-insns.py`), no
-/// difference that criterion's `pair` and `batch` benches can measure (see the README, "Debug mode").
+/// With the `debug` feature, one load and branch on the fast paths: 4 instructions on each
+/// (`scripts/fast-path-insns.py`), criterion's `pair` about 10 % slower (see the README, "Debug
+/// mode"); hence the feature.
 ///
 /// Without the `debug` feature only valgrind's client requests need it: with the `valgrind` feature
 /// [`vg::active`] is the check, and without either nothing is checked at all.
