@@ -42,6 +42,8 @@ def _edgepool():
         lib.edgepool_prefault_free.restype = ctypes.c_size_t
         lib.edgepool_load_end.argtypes = [ctypes.POINTER(_ReportC)]
         lib.edgepool_stats.argtypes = [ctypes.POINTER(_StatsC), ctypes.c_size_t]
+        if hasattr(lib, "edgepool_class_stats"):  # an older library has none
+            lib.edgepool_class_stats.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         _lib = lib
     return _lib
 
@@ -60,7 +62,13 @@ _STATS_FIELDS = (
     "purged_bytes", "caches_created", "caches_adopted", "caches_abandoned", "arena_chunks_released",
     "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns", "run_cache_hits", "run_cache_bytes",
     "os_mmap_calls", "os_munmap_calls", "os_madvise_calls", "os_mprotect_calls", "os_mremap_calls", "page_faults",
+    "live_bytes", "in_use_bytes", "peak_in_use_bytes", "large_bytes",
 )
+_CLASS_FIELDS = ("size", "slots_in_use", "slots_reserved", "allocations", "frees")
+
+
+class _ClassC(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in _CLASS_FIELDS]
 
 
 class _StatsC(ctypes.Structure):
@@ -98,12 +106,27 @@ class load_phase:
 
 
 def stats():
-    """Statistics now, as a dict of ints (the figures of ``EDGEPOOL_STATS=1``)."""
+    """Statistics now, as a dict (the figures of ``EDGEPOOL_STATS=1``): ints, ``fragmentation`` (a
+    fraction) and ``classes``, a list of dicts, one per size class (slots in use, reserved, their
+    utilisation, allocations and frees)."""
     s = _StatsC()
     if _edgepool().edgepool_stats(ctypes.byref(s), ctypes.sizeof(s)) != 0:
         raise OSError(ctypes.get_errno(), "edgepool_stats failed")
     filled = (s.size - 8) // 8  # an older library fills fewer fields
-    return {n: getattr(s, n) for n in _STATS_FIELDS[:filled]}
+    d = {n: getattr(s, n) for n in _STATS_FIELDS[:filled]}
+    if "live_bytes" in d:
+        d["fragmentation"] = 1 - min(d["live_bytes"], d["os_bytes"]) / d["os_bytes"] if d["os_bytes"] else 0.0
+    lib = _edgepool()
+    if hasattr(lib, "edgepool_class_stats"):
+        n = lib.edgepool_class_stats(None, 0)
+        arr = (_ClassC * n)()
+        lib.edgepool_class_stats(arr, n)
+        d["classes"] = [
+            dict({f: getattr(c, f) for f in _CLASS_FIELDS},
+                 utilisation=c.slots_in_use / c.slots_reserved if c.slots_reserved else 0.0)
+            for c in arr
+        ]
+    return d
 
 
 def trim():

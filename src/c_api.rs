@@ -271,6 +271,27 @@ pub unsafe fn stats_into(out: *mut u64, size: usize) -> c_int {
     0
 }
 
+/// `edgepool_class_stats(out, count)`: fills the first `count` entries of `out` (`struct
+/// edgepool_class_stats`: five `uint64_t`, [`stats::ClassStats`] in its field order) with the size
+/// classes' figures, smallest class first, and returns the number of classes (so that a caller may
+/// ask with `count = 0` first). `out` may be NULL only with `count = 0`; otherwise -1 with `EINVAL`.
+///
+/// # Safety
+/// - `out` is NULL or valid for writes of `count` entries of five `uint64_t`, aligned to 8.
+pub unsafe fn class_stats_into(out: *mut u64, count: usize) -> c_int {
+    if out.is_null() && count > 0 {
+        os::set_errno(libc::EINVAL);
+        return -1;
+    }
+    let s = heap::stats();
+    for (i, c) in s.classes.iter().take(count).enumerate() {
+        let v = [c.size as u64, c.slots_in_use as u64, c.slots_reserved as u64, c.allocations, c.frees];
+        // SAFETY: entry i < count lies inside the caller's buffer (contract).
+        unsafe { core::ptr::copy_nonoverlapping(v.as_ptr(), out.add(5 * i), 5) };
+    }
+    s.classes.len() as c_int
+}
+
 /// Writes the statistics report to `fd`, without allocating.
 pub fn write_stats(fd: c_int) {
     stats::write_report(fd, &heap::stats());

@@ -134,7 +134,7 @@ fn sample(fd: i32) {
     let n = os::read_small_file(c"/proc/meminfo", &mut buf);
     let avail = meminfo(&buf[..n], b"MemAvailable:").unwrap_or(0).saturating_mul(1024);
     let s = heap::stats();
-    let in_use = s.committed_bytes.saturating_sub(s.free_bytes) + s.counters.direct_bytes;
+    let in_use = s.in_use_bytes;
     let t_ms = (os::now_ns() - T0.load(Ordering::Relaxed)) / 1_000_000;
     let mut m = os::MsgBuf::new();
     m.num(t_ms).str(",").num(rss).str(",").num(in_use as u64).str(",").num(s.os_bytes as u64).str(",");

@@ -105,6 +105,10 @@ struct Inner {
     run_high: usize,
     limit: usize,
     peak: usize,
+    /// Bytes of live large blocks (runs handed out by `alloc_large`, at their pages).
+    large_bytes: usize,
+    /// The highest [`Inner::in_use`] seen at a [`Inner::note_peak`] (every allocation calls it).
+    peak_in_use: usize,
     /// The region is a lazy window (see `init::start`).
     lazy: bool,
     /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
@@ -207,6 +211,8 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     run_high: 0,
     limit: 0,
     peak: 0,
+    large_bytes: 0,
+    peak_in_use: 0,
     lazy: false,
     secure: false,
     in_flight: 0,
@@ -403,11 +409,18 @@ impl Inner {
         self.os_bytes().saturating_sub(self.in_flight)
     }
 
+    /// Bytes in allocated blocks and direct mappings.
+    fn in_use(&self) -> usize {
+        let committed = self.buddy.committed_pages() as usize * PAGE;
+        committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
+    }
+
     fn note_peak(&mut self) {
         let now = self.os_bytes();
         if now > self.peak {
             self.peak = now;
         }
+        self.peak_in_use = self.peak_in_use.max(self.in_use());
         // The high-water mark rises only with memory that could not have been purged: blocks out
         // for purging count in `os_bytes` until they are put back clean, and while more dirty
         // memory than the threshold waits, a purge is still under way (batches take a few blocks at
@@ -869,6 +882,7 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8
             return Err(Miss::Refused);
         }
         let (idx, flags) = h.alloc(order, PageKind::Large, run, may_grow, batch)?;
+        h.large_bytes += run as usize * PAGE;
         // SAFETY: idx is the head just allocated.
         unsafe { h.buddy.entry_mut(idx).load = u8::from(load) };
         Ok((addr_of(idx) as *mut u8, flags, run as usize * PAGE, h.buddy.taken_dirty as usize * PAGE))
@@ -891,6 +905,7 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
             unsafe {
                 let n = h.buddy.run_pages(idx);
                 h.buddy.free_run(idx);
+                h.large_bytes -= n as usize * PAGE;
                 n as usize * PAGE
             }
         } else {
@@ -1007,6 +1022,7 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         if !unsafe { h.buddy.resize_run(idx, m as u32) } {
             return None;
         }
+        h.large_bytes = h.large_bytes + m * PAGE - n * PAGE;
         if m < n {
             h.decay(batch);
             return Some(m * PAGE);
@@ -1020,6 +1036,7 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
                 h.buddy.entry_mut(idx).next = n as u32;
                 h.buddy.release_range(idx + n as u32, idx + m as u32, SEALED | USED);
             }
+            h.large_bytes = h.large_bytes + n * PAGE - m * PAGE;
             return None;
         }
         // Clean pages claimed fault in when used: make room as for any clean allocation.
@@ -1111,17 +1128,20 @@ pub fn stats() -> Stats {
         page_faults: os::page_faults() as usize,
         ..Stats::default()
     };
-    if !is_ready() {
-        return s;
+    if is_ready() {
+        with_heap(|h| {
+            s.os_bytes = h.os_bytes();
+            s.peak_os_bytes = h.peak;
+            s.committed_bytes = h.buddy.committed_pages() as usize * PAGE;
+            s.free_bytes = h.buddy.free_bytes;
+            s.dirty_free_bytes = h.buddy.dirty_bytes;
+            s.limit_bytes = h.limit;
+            s.in_use_bytes = h.in_use();
+            s.peak_in_use_bytes = h.peak_in_use.max(s.in_use_bytes);
+            s.large_bytes = h.large_bytes;
+        });
     }
-    with_heap(|h| {
-        s.os_bytes = h.os_bytes();
-        s.peak_os_bytes = h.peak;
-        s.committed_bytes = h.buddy.committed_pages() as usize * PAGE;
-        s.free_bytes = h.buddy.free_bytes;
-        s.dirty_free_bytes = h.buddy.dirty_bytes;
-        s.limit_bytes = h.limit;
-    });
+    stats::complete(&mut s);
     s
 }
 

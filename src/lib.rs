@@ -58,7 +58,7 @@ mod valgrind;
 
 pub use global::EdgePool;
 pub use model::{HugePages, MapOptions, MappedModel, ModelError};
-pub use stats::{CounterValues, Stats};
+pub use stats::{ClassStats, CounterValues, Stats};
 
 /// Raw allocation entry points with C-like semantics shared by the C API and tests.
 pub mod raw {
@@ -76,7 +76,9 @@ pub mod classes {
     pub use crate::size_class::{natural_align, CLASS_SIZES, SLAB_SIZE, SMALL_MAX};
 }
 
-/// A statistics report: heap figures and counters.
+/// A statistics report: heap figures, counters, live bytes and the slots of each size class
+/// ([`Stats::classes`]); [`Stats::fragmentation`]. It does not allocate; the per-thread counts are
+/// summed over every thread cache.
 pub fn stats() -> Stats {
     heap::stats()
 }

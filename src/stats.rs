@@ -8,6 +8,7 @@
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::os;
+use crate::size_class::NCLASSES;
 
 macro_rules! counters {
     ($($(#[doc = $doc:literal])* $name:ident,)*) => {
@@ -82,10 +83,19 @@ counters! {
 
 pub static COUNTERS: Counters = Counters::new();
 
+/// Slabs laid out for each size class now (a spare slab, empty and of no class, is in none).
+pub static CLASS_SLABS: [AtomicUsize; NCLASSES] = [const { AtomicUsize::new(0) }; NCLASSES];
+
 /// Adds `by` to counter `c`.
 #[inline]
 pub fn add(c: &AtomicUsize, by: usize) {
     c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Adds `by` to counter `c` and returns the new value.
+#[inline]
+pub fn add_fetch(c: &AtomicUsize, by: usize) -> usize {
+    c.fetch_add(by, Ordering::Relaxed) + by
 }
 
 /// Subtracts `by` from counter `c` (gauges such as `direct_bytes`).
@@ -109,10 +119,63 @@ pub fn write_report(fd: libc::c_int, s: &Stats) {
         m.str("  ").str(name).str(" ").num(v as u64).str("\n");
         os::write_fd(fd, m.as_bytes());
     }
+    let mut m = os::MsgBuf::new();
+    m.str("  fragmentation ");
+    fraction(&mut m, s.fragmentation_ppm(), 1);
+    m.str(" % (1 - live_bytes / os_bytes)\n");
+    os::write_fd(fd, m.as_bytes());
+    os::write_fd(
+        fd,
+        b"  slots by size class:\n         size    in use  reserved  utilisation  allocations        frees\n",
+    );
+    for c in s.classes.iter() {
+        let mut m = os::MsgBuf::new();
+        m.str("  ");
+        pad(&mut m, c.size as u64, 9);
+        m.str(" B");
+        pad(&mut m, c.slots_in_use as u64, 8);
+        pad(&mut m, c.slots_reserved as u64, 10);
+        let ppm = (c.slots_in_use as u64 * 1_000_000).checked_div(c.slots_reserved as u64).unwrap_or(0);
+        let mut f = os::MsgBuf::new();
+        fraction(&mut f, ppm, 1);
+        m.str("      ");
+        for _ in f.as_bytes().len()..5 {
+            m.str(" ");
+        }
+        m.str(core::str::from_utf8(f.as_bytes()).unwrap_or("?")).str(" %");
+        pad(&mut m, c.allocations, 13);
+        pad(&mut m, c.frees, 13);
+        m.str("\n");
+        os::write_fd(fd, m.as_bytes());
+    }
 }
 
-/// Writes `s` to `fd` as one JSON object (`{"os_bytes": N, ...}`, the fields of [`Stats::fields`]),
-/// without allocating.
+/// Writes `v` right-aligned in `width` columns.
+fn pad(m: &mut os::MsgBuf, v: u64, width: usize) {
+    let mut n = os::MsgBuf::new();
+    n.num(v);
+    for _ in n.as_bytes().len()..width {
+        m.str(" ");
+    }
+    m.num(v);
+}
+
+/// Writes parts per million `ppm` as a percentage with `decimals` (1 or more) decimals, rounded down.
+fn fraction(m: &mut os::MsgBuf, ppm: u64, decimals: u32) {
+    let scale = 10u64.pow(4 - decimals.min(4));
+    let v = ppm / scale;
+    let unit = 10u64.pow(decimals.min(4));
+    m.num(v / unit).str(".");
+    let frac = v % unit;
+    let mut d = unit / 10;
+    while d > 0 {
+        m.num(frac / d % 10);
+        d /= 10;
+    }
+}
+
+/// Writes `s` to `fd` as one JSON object (`{"os_bytes": N, ...}`, the fields of [`Stats::fields`],
+/// then `"fragmentation"` as a fraction and `"classes"`, a list of objects), without allocating.
 pub fn write_json(fd: libc::c_int, s: &Stats) {
     os::write_fd(fd, b"{");
     for (i, (name, v)) in s.fields().enumerate() {
@@ -120,7 +183,25 @@ pub fn write_json(fd: libc::c_int, s: &Stats) {
         m.str(if i == 0 { "\n  \"" } else { ",\n  \"" }).str(name).str("\": ").num(v as u64);
         os::write_fd(fd, m.as_bytes());
     }
-    os::write_fd(fd, b"\n}\n");
+    let mut m = os::MsgBuf::new();
+    let ppm = s.fragmentation_ppm();
+    m.str(",\n  \"fragmentation\": ").num(ppm / 1_000_000).str(".");
+    let mut d = 100_000;
+    while d > 0 {
+        m.num(ppm / d % 10);
+        d /= 10;
+    }
+    m.str(",\n  \"classes\": [");
+    os::write_fd(fd, m.as_bytes());
+    for (i, c) in s.classes.iter().enumerate() {
+        let mut m = os::MsgBuf::new();
+        m.str(if i == 0 { "\n    {" } else { ",\n    {" });
+        m.str("\"size\": ").num(c.size as u64).str(", \"slots_in_use\": ").num(c.slots_in_use as u64);
+        m.str(", \"slots_reserved\": ").num(c.slots_reserved as u64);
+        m.str(", \"allocations\": ").num(c.allocations).str(", \"frees\": ").num(c.frees).str("}");
+        os::write_fd(fd, m.as_bytes());
+    }
+    os::write_fd(fd, b"\n  ]\n}\n");
 }
 
 /// A full statistics report.
@@ -152,6 +233,47 @@ pub struct Stats {
     /// Page faults the process has taken (minor and major, every thread's, not only edgepool's
     /// memory): read before and after loading for the faults of a load.
     pub page_faults: usize,
+    /// Bytes of the blocks the program holds now, each at the size it can use: small slots at their
+    /// class's size, large blocks at their pages, arena objects, direct mappings. (Not the bytes it
+    /// asked for: C's `free` does not say how many that was. `EDGEPOOL_PROFILE=1` reports requested
+    /// bytes against these.)
+    pub live_bytes: usize,
+    /// Bytes in allocated heap blocks (slabs whole, large blocks, the allocator's metadata) and direct
+    /// mappings: the memory edgepool has handed out or keeps for handing out, free blocks left out.
+    pub in_use_bytes: usize,
+    /// The highest `in_use_bytes` seen (at any heap allocation).
+    pub peak_in_use_bytes: usize,
+    /// Bytes in live large blocks (including the freed runs that threads' run caches hold).
+    pub large_bytes: usize,
+    /// Per size class, in the order of [`crate::classes::CLASS_SIZES`]: slots in use and reserved.
+    pub classes: [ClassStats; NCLASSES],
+}
+
+/// One size class's slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// The slot size in bytes.
+    pub size: usize,
+    /// Slots handed out and not given back (a slot freed by another thread counts as given back at
+    /// once, although its owner reuses it only after collecting it).
+    pub slots_in_use: usize,
+    /// Slots of the slabs laid out for the class now: in use or free.
+    pub slots_reserved: usize,
+    /// Slots handed out, ever.
+    pub allocations: u64,
+    /// Slots given back, ever.
+    pub frees: u64,
+}
+
+impl ClassStats {
+    /// `slots_in_use / slots_reserved` (0 with no slab).
+    pub fn utilisation(&self) -> f64 {
+        if self.slots_reserved == 0 {
+            0.0
+        } else {
+            self.slots_in_use as f64 / self.slots_reserved as f64
+        }
+    }
 }
 
 impl Stats {
@@ -176,6 +298,50 @@ impl Stats {
             ("os_mprotect_calls", self.os_mprotect_calls),
             ("os_mremap_calls", self.os_mremap_calls),
             ("page_faults", self.page_faults),
+            ("live_bytes", self.live_bytes),
+            ("in_use_bytes", self.in_use_bytes),
+            ("peak_in_use_bytes", self.peak_in_use_bytes),
+            ("large_bytes", self.large_bytes),
         ])
+    }
+
+    /// The part of the memory edgepool holds from the OS that no live block uses:
+    /// `1 - live_bytes / os_bytes` (free slots, free heap blocks awaiting purge, cached runs, slab
+    /// and page rounding). 0 when nothing is held.
+    pub fn fragmentation(&self) -> f64 {
+        if self.os_bytes == 0 {
+            0.0
+        } else {
+            1.0 - (self.live_bytes.min(self.os_bytes) as f64 / self.os_bytes as f64)
+        }
+    }
+
+    /// `fragmentation()` in parts per million (for reports written without floating-point
+    /// formatting).
+    pub fn fragmentation_ppm(&self) -> u64 {
+        if self.os_bytes == 0 {
+            return 0;
+        }
+        let live = self.live_bytes.min(self.os_bytes) as u128;
+        (1_000_000 - live * 1_000_000 / self.os_bytes as u128) as u64
+    }
+}
+
+/// The cache layer's part of a report (the per-class figures and `live_bytes`), registered by that
+/// layer when it makes its first cache (0: none yet; else a `fn(&mut Stats)`).
+static COMPLETER: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers `f` to fill in the figures of the layers above the heap (see [`COMPLETER`]).
+pub fn set_completer(f: fn(&mut Stats)) {
+    COMPLETER.store(f as usize, Ordering::Release);
+}
+
+/// Fills in what the registered completer knows, if one is.
+pub fn complete(s: &mut Stats) {
+    let f = COMPLETER.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: a non-zero value was stored by `set_completer` from a `fn(&mut Stats)`.
+        let f: fn(&mut Stats) = unsafe { core::mem::transmute::<usize, fn(&mut Stats)>(f) };
+        f(s);
     }
 }

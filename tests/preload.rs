@@ -46,6 +46,7 @@ const REQUIRED: &[&str] = &[
     "edgepool_check",
     "edgepool_print_stats",
     "edgepool_stats",
+    "edgepool_class_stats",
     "edgepool_set_limit",
     "edgepool_load_begin",
     "edgepool_load_end",
@@ -368,6 +369,19 @@ fn valgrind_sees_leaks_overflows_and_use_after_free_on_edgepool() {
     }
 }
 
+/// The size-class rows of a statistics report (`  16 B  in-use  reserved  12.5 %  allocations
+/// frees`) as `[size, in use, reserved, allocations, frees]`.
+fn report_text_rows(report: &str) -> Vec<Vec<u64>> {
+    report
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 8 && w[1] == "B" && w[5] == "%")
+                .then(|| [0, 2, 3, 6, 7].iter().map(|&i| w[i].parse().unwrap()).collect())
+        })
+        .collect()
+}
+
 #[test]
 fn stats_struct_from_c_matches_the_report() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -384,7 +398,8 @@ fn stats_struct_from_c_matches_the_report() {
     let out = run_with(&mut Command::new(&exe), true, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let (report, rest) = stdout.split_once("struct\n").unwrap();
+    let (report_text, rest) = stdout.split_once("struct\n").unwrap();
+    let report = report_text;
     let pairs = |text: &str| -> Vec<(String, u64)> {
         text.lines()
             .filter_map(|l| {
@@ -406,6 +421,19 @@ fn stats_struct_from_c_matches_the_report() {
         }
     }
     assert!(report.iter().any(|(k, v)| k == "large_allocs" && *v >= 10), "{stdout}");
+    // The classes: the report's rows ("16 B in-use reserved utilisation % allocations frees") and
+    // edgepool_class_stats's, equal; the 90 blocks of 100 bytes are 128-byte slots in use.
+    let rows: Vec<Vec<u64>> = report_text_rows(report_text);
+    let from_c: Vec<Vec<u64>> = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("class "))
+        .filter(|l| !l.starts_with("null"))
+        .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
+        .collect();
+    assert!(stdout.contains("classes n=16 m=16"), "{stdout}");
+    assert_eq!(rows, from_c, "{stdout}");
+    assert!(from_c.iter().any(|r| r[0] == 128 && r[1] >= 90 && r[2] >= r[1]), "{stdout}");
+    assert!(stdout.contains("class null rc=-1 einval=1"), "{stdout}");
     assert!(stdout.contains("short rc=0 size=24 untouched=1"), "{stdout}");
     assert!(stdout.contains("null rc=-1 einval=1"), "{stdout}");
 }
@@ -442,13 +470,20 @@ fn stats_at_exit_as_json() {
     let spec = format!("json:{}", path.display());
     let out = run_with(Command::new("sh").args(["-c", "ls / > /dev/null"]), true, &[("EDGEPOOL_STATS", &spec)]);
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
-    // Python's json module reads it: an object of the report's 35 figures, all numbers.
+    // Python's json module reads it: an object of the report's 39 figures, all integers, the
+    // fragmentation (a fraction) and the 16 classes, whose allocations add up to at least the refills'
+    // slots.
     let check = Command::new("python3")
-        .args(["-c", "import json,sys; d=json.load(open(sys.argv[1])); assert all(isinstance(v,int) for v in d.values()); print(len(d), d['slab_refills'] > 0)"])
+        .args(["-c", "import json,sys; d=json.load(open(sys.argv[1])); c=d.pop('classes'); f=d.pop('fragmentation'); assert all(isinstance(v,int) for v in d.values()); assert 0 <= f < 1 and len(c) == 16 and all(x['slots_reserved'] >= x['slots_in_use'] for x in c); print(len(d), d['slab_refills'] > 0, sum(x['allocations'] for x in c) > 0)"])
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "35 True", "{}", String::from_utf8_lossy(&check.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&check.stdout).trim(),
+        "39 True True",
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
 }
 
 #[test]
@@ -664,7 +699,14 @@ fn python_module_with_onnxruntime() {
     assert_eq!(get("version"), env!("CARGO_PKG_VERSION"));
     assert!(num("allocations") > 1000 && num("large_allocs") > 10, "{stdout}");
     assert!(num("survivors") > 0 && num("survivors") < num("peak") && num("released") <= num("peak"), "{stdout}");
-    assert_eq!(num("fields"), 35, "{stdout}");
+    assert_eq!((num("fields"), num("classes")), (41, 16), "{stdout}");
+    // 500 malloc(100) from Python: 500 more 128-byte slots in use, none after their frees (give or
+    // take what Python's own malloc calls of that size did meanwhile).
+    let (up, back) =
+        get("slots").split_once(',').map(|(a, b)| (a.parse::<i64>().unwrap(), b.parse::<i64>().unwrap())).unwrap();
+    assert!((500..510).contains(&up) && (-10..10).contains(&back), "{stdout}");
+    let frag: f64 = get("fragmentation").parse().unwrap();
+    assert!((0.0..1.0).contains(&frag), "{stdout}");
     assert!(num("warmed") >= 8 << 20, "edgepool.prefault_free(8 MiB): {stdout}");
     assert_eq!(get("refused"), "True", "the budget did not refuse 512 MiB: {stdout}");
     assert_eq!(get("out"), first, "inference output differs");

@@ -69,8 +69,25 @@ struct edgepool_stats {
     uint64_t os_mprotect_calls;      /* mprotect (heap growth, hardened mode), */
     uint64_t os_mremap_calls;        /* mremap (direct mappings) */
     uint64_t page_faults;            /* page faults the process has taken (every thread, all memory) */
+    uint64_t live_bytes;             /* bytes of the blocks the program holds, at their usable size */
+    uint64_t in_use_bytes;           /* bytes in allocated heap blocks (slabs whole) and direct mappings */
+    uint64_t peak_in_use_bytes;      /* the highest in_use_bytes seen */
+    uint64_t large_bytes;            /* bytes in live large blocks (threads' cached runs included) */
 };
 int edgepool_stats(struct edgepool_stats *out, size_t size);
+/* Fragmentation, as edgepool_print_stats prints it: 1 - live_bytes / os_bytes (0 when os_bytes is 0). */
+
+/* One size class's slots (edgepool_class_stats). */
+struct edgepool_class_stats {
+    uint64_t size;           /* slot size in bytes */
+    uint64_t slots_in_use;   /* slots handed out and not freed */
+    uint64_t slots_reserved; /* slots of the class's slabs: in use or free (utilisation = in_use / reserved) */
+    uint64_t allocations;    /* slots handed out, ever */
+    uint64_t frees;          /* slots freed, ever */
+};
+/* Fills the first `count` entries of out, smallest class first, and returns the number of size
+ * classes (call it with count = 0 to learn it); -1 with errno = EINVAL when out is NULL and count > 0. */
+int edgepool_class_stats(struct edgepool_class_stats *out, size_t count);
 
 /* Sets the memory budget in bytes (0 = none), as EDGEPOOL_LIMIT does: requests beyond it fail with
  * NULL and errno = ENOMEM. */

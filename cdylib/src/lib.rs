@@ -64,6 +64,7 @@ export! {
     edgepool_check() -> core::ffi::c_long = c_api::check();
     edgepool_print_stats(fd: c_int) = c_api::write_stats(fd);
     edgepool_stats(out: *mut u64, size: usize) -> c_int = c_api::stats_into(out, size);
+    edgepool_class_stats(out: *mut u64, count: usize) -> c_int = c_api::class_stats_into(out, count);
     edgepool_set_limit(bytes: usize) = ep::set_limit(bytes);
     edgepool_prefault(p: *mut c_void, n: usize) -> c_int = c_api::prefault(p, n);
     edgepool_prefault_free(bytes: usize) -> usize = ep::prefault_free(bytes);

@@ -127,7 +127,9 @@ fn acquire_raw() -> *mut Cache {
             }
         }
     }
-    stats::add(&COUNTERS.caches_created, 1);
+    if stats::add_fetch(&COUNTERS.caches_created, 1) == 1 {
+        stats::set_completer(super::complete_stats);
+    }
     c
 }
 

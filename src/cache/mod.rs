@@ -15,10 +15,11 @@
 //! scripts/fast-path-insns.py`, x86-64): from the entry of `raw::alloc` to its return, an allocation
 //! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
 //! including the size check, the size-class table, the TLS load, the row's allocation count (one
-//! `inc` on the row's line: the phase reports count every allocation) and clearing the freed mark; a
-//! free by the owner onto the stack runs 55, including the page-map lookup, the owner compare, the
-//! interior-pointer check and the freed mark (5 of them). The `debug` feature adds the hooks check
-//! (`global`: debug mode, profiling) to each: 26, 32 and 59. (Before the rows were reached through
+//! `inc` on the row's line: the phase reports and the statistics count every allocation) and clearing
+//! the freed mark; a free by the owner onto the stack runs 56, including the page-map lookup, the
+//! owner compare, the interior-pointer check, the freed mark (5 of them) and the row's free count (1,
+//! for the statistics: 55 before). The `debug` feature adds the hooks check (`global`: debug mode,
+//! profiling) to each: 26, 32 and 60. (Before the rows were reached through
 //! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.)
 //!
 //! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the
@@ -46,7 +47,7 @@ pub mod settle;
 
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::arena::{self, Chunk};
 use crate::buddy::PageKind;
@@ -64,7 +65,7 @@ pub const ROWS: usize = NSETS * NCLASSES;
 /// `widx` when no word is checked out.
 const NO_WORD: u32 = u32::MAX;
 /// Capacity of a row's stack of recently freed slots (fills the row to three cache lines).
-pub const STACK: usize = 16;
+pub const STACK: usize = 14;
 
 /// One class's slabs in one row set: the allocation fast path reads only this row.
 ///
@@ -77,12 +78,18 @@ pub const STACK: usize = 16;
 /// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `Partial` for
 ///   this row, and `full` likewise of its slabs in state `Full`, so that every slab of a row is
 ///   reachable (`current`, `partial`, `full`);
-/// - `count` is the number of slots the row has handed out since it was last settled (phase reports);
+/// - `count` is the number of slots the row has handed out, ever, and `frees` the number its owner
+///   took back (slots of the row's slabs freed by the owner thread); both are written by the owner
+///   only (a relaxed load and store: no locked instruction) and read by any thread for the
+///   statistics ([`class_counts`]). The load rows' `count` at the last settle is in
+///   `Cache::load_mark` (phase reports);
 /// - `stack[..top]` are distinct free slots of this row's slabs (any of them, not only `current`),
 ///   recently freed by the owner. Their bitmap bits are clear: to their slab they still count as in
 ///   use, until they are handed out again or flushed back ([`flush_stack`]).
+///
+/// Layout: everything a fast path touches but the stack is in the first cache line (`count` and
+/// `frees` beside `top`), the slow path's lists and the stack in the other two.
 #[repr(C, align(64))]
-#[derive(Clone, Copy)]
 pub struct ClassState {
     top: u32,
     widx: u32,
@@ -90,14 +97,19 @@ pub struct ClassState {
     base: *mut u8,
     size: usize,
     current: *mut Slab,
+    count: AtomicU64,
+    frees: AtomicU64,
     partial: *mut Slab,
     full: *mut Slab,
-    count: u64,
     stack: [*mut u8; STACK],
 }
 
 const _: () = assert!(core::mem::size_of::<ClassState>() == 192);
 
+const _: () = assert!(core::mem::offset_of!(ClassState, frees) < 64);
+
+/// A row with no slab (each use is a fresh value: the atomics in it are never shared).
+#[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_ROW: ClassState = ClassState {
     top: 0,
     widx: NO_WORD,
@@ -105,11 +117,19 @@ const EMPTY_ROW: ClassState = ClassState {
     base: core::ptr::null_mut(),
     size: 0,
     current: empty_slab(),
+    count: AtomicU64::new(0),
+    frees: AtomicU64::new(0),
     partial: core::ptr::null_mut(),
     full: core::ptr::null_mut(),
-    count: 0,
     stack: [core::ptr::null_mut(); STACK],
 };
+
+/// Adds one to a counter that only the calling thread writes: a relaxed load and store (one `inc`
+/// on x86-64, no locked instruction), readable by other threads without a data race.
+#[inline(always)]
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
 
 /// A thread cache.
 ///
@@ -142,6 +162,11 @@ pub struct Cache {
     pool_next: *mut Cache,
     /// Recently freed medium runs (owner only; see [`runs`]).
     runs: runs::Runs,
+    /// Per class, the load row's `count` when its rows were last settled (owner only).
+    load_mark: [u64; NCLASSES],
+    /// Per class, slots of other caches' slabs that this cache's thread freed (owner writes, with
+    /// [`bump`]; any thread reads).
+    remote_freed: [AtomicU64; NCLASSES],
 }
 
 /// A static that is never written: the empty slab and the empty cache.
@@ -190,6 +215,8 @@ impl Cache {
             all_next: core::ptr::null_mut(),
             pool_next: core::ptr::null_mut(),
             runs: runs::Runs::new(),
+            load_mark: [0; NCLASSES],
+            remote_freed: [const { AtomicU64::new(0) }; NCLASSES],
         }
     }
 }
@@ -286,7 +313,7 @@ pub fn alloc_fast(class: usize) -> Option<NonNull<u8>> {
             (*row).word = w & (w - 1);
             (*row).base.add(w.trailing_zeros() as usize * (*row).size)
         };
-        (*row).count += 1;
+        bump(&(*row).count);
         // A slot handed out carries no freed mark (see the module documentation).
         p.add(slab::MARK_OFFSET).cast::<u64>().write(0);
         Some(NonNull::new_unchecked(p))
@@ -393,7 +420,7 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
             let w = (*row).word;
             if w != 0 {
                 (*row).word = w & (w - 1);
-                (*row).count += 1;
+                bump(&(*row).count);
                 return (*row).base.add(w.trailing_zeros() as usize * (*row).size);
             }
             let s = (*row).current;
@@ -477,6 +504,7 @@ unsafe fn new_slab(cache: *mut Cache, class: usize, ri: usize) -> *mut Slab {
         if !s.is_null() {
             (*cache).spare = core::ptr::null_mut();
             Slab::init(s, (*s).data, class, row_tag(ri), cache.cast());
+            stats::add(&stats::CLASS_SLABS[class], 1);
             return s;
         }
         let load = ri >= RowSet::Load as usize;
@@ -484,6 +512,7 @@ unsafe fn new_slab(cache: *mut Cache, class: usize, ri: usize) -> *mut Slab {
             return core::ptr::null_mut();
         };
         stats::add(&COUNTERS.slabs_acquired, 1);
+        stats::add(&stats::CLASS_SLABS[class], 1);
         // The block is in the heap's region; its header is its entry of the slab table.
         let s = heap::slab_of(block);
         Slab::init(s, block, class, row_tag(ri), cache.cast());
@@ -583,6 +612,7 @@ unsafe fn owner_release(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut 
     unsafe {
         let row = row_of(cache, slab);
         let t = (*row).top as usize;
+        bump(&(*row).frees);
         if t < STACK {
             *(&raw mut (*row).stack).cast::<*mut u8>().add(t) = p;
             (*row).top = t as u32 + 1;
@@ -738,6 +768,7 @@ unsafe fn refile(slab: *mut Slab) {
 unsafe fn retire(cache: *mut Cache, slab: *mut Slab) {
     // SAFETY: owner.
     unsafe {
+        stats::sub(&stats::CLASS_SLABS[(*slab).class as usize], 1);
         if (*cache).spare.is_null() {
             (*slab).state = SlabState::Spare;
             (*cache).spare = slab;
@@ -746,6 +777,58 @@ unsafe fn retire(cache: *mut Cache, slab: *mut Slab) {
             heap::free_block((*slab).data);
         }
     }
+}
+
+/// Per class, the slots handed out and the slots given back, ever, summed over every cache (and the
+/// frees of threads without one): `allocs[c] - frees[c]` slots of class `c` are in use. Read while
+/// other threads allocate, the sums are a moment's figures each, not one snapshot; with the other
+/// threads quiet they are exact. Arena objects (load phases in arena mode) are not slots and are not
+/// counted here.
+pub fn class_counts() -> ([u64; NCLASSES], [u64; NCLASSES]) {
+    let (mut allocs, mut frees) = ([0u64; NCLASSES], [0u64; NCLASSES]);
+    for (c, f) in frees.iter_mut().enumerate() {
+        *f = remote::ORPHAN_FREES[c].load(Ordering::Relaxed);
+    }
+    life::for_each_cache(|cache| {
+        for ri in 0..ROWS {
+            // SAFETY: `cache` is a live cache (never freed) and `ri < ROWS`; only its atomics are
+            // read, through shared references to those fields alone (none to the row).
+            let (a, f) = unsafe {
+                let r = row(cache, ri);
+                ((*r).count.load(Ordering::Relaxed), (*r).frees.load(Ordering::Relaxed))
+            };
+            allocs[ri % NCLASSES] += a;
+            frees[ri % NCLASSES] += f;
+        }
+        for (c, f) in frees.iter_mut().enumerate() {
+            // SAFETY: as above: an atomic of a live cache.
+            *f += unsafe { (*cache).remote_freed[c].load(Ordering::Relaxed) };
+        }
+    });
+    (allocs, frees)
+}
+
+/// The cache layer's figures in a statistics report (registered with [`stats::set_completer`] when
+/// the first cache is made): the per-class slots and `live_bytes`, which needs them.
+fn complete_stats(s: &mut stats::Stats) {
+    let (allocs, frees) = class_counts();
+    let mut small = 0;
+    for (c, out) in s.classes.iter_mut().enumerate() {
+        let g = crate::size_class::GEOMETRY[c];
+        let in_use = allocs[c].saturating_sub(frees[c]) as usize;
+        *out = stats::ClassStats {
+            size: g.size as usize,
+            slots_in_use: in_use,
+            slots_reserved: stats::CLASS_SLABS[c].load(Ordering::Relaxed) * g.nslots as usize,
+            allocations: allocs[c],
+            frees: frees[c],
+        };
+        small += in_use * g.size as usize;
+    }
+    s.live_bytes = small
+        + arena::LIVE_BYTES.load(Ordering::Relaxed)
+        + s.large_bytes.saturating_sub(s.counters.run_cache_bytes)
+        + s.counters.direct_bytes;
 }
 
 /// Whether the calling thread allocates in a load phase (for marking large blocks).

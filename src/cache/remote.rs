@@ -4,10 +4,11 @@
 //! queue, so the owner finds it in its slow path even if it never touches that slab again (memory
 //! freed by a consumer thread comes back). Only the owner applies the lists to the bitmaps.
 
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::{cache_of, owner_free, refile, Cache};
+use super::{cache_of, life, owner_free, refile, Cache};
 use crate::os;
+use crate::size_class::NCLASSES;
 use crate::slab::{self, Slab, QUEUED};
 use crate::stats::{self, COUNTERS};
 
@@ -31,6 +32,7 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
             os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
         }
         *mark = slab::freed_mark();
+        count_remote_free((*slab).class as usize);
         if Slab::push_remote(slab, p) {
             let q = &(*cache_of((*slab).owner)).remote;
             let mut head = q.load(Ordering::Relaxed);
@@ -43,6 +45,22 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
             }
             stats::add(&COUNTERS.remote_frees, 1);
         }
+    }
+}
+
+/// Slots freed by threads without a cache of their own (exiting threads), per class.
+pub(super) static ORPHAN_FREES: [AtomicU64; NCLASSES] = [const { AtomicU64::new(0) }; NCLASSES];
+
+/// Counts a free of a `class` slot by a thread that does not own its slab: in the calling thread's
+/// cache (no shared write), or in [`ORPHAN_FREES`] when the thread has none.
+fn count_remote_free(class: usize) {
+    let me = life::tls_cache();
+    if me == super::empty_cache() {
+        ORPHAN_FREES[class].fetch_add(1, Ordering::Relaxed);
+    } else {
+        // SAFETY: our own live cache; `remote_freed` is written by its owner only; class < NCLASSES
+        // (a slab's class).
+        super::bump(unsafe { &(*me).remote_freed[class] });
     }
 }
 

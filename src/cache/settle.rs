@@ -46,8 +46,9 @@ unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
             let rrow = row(cache, RowSet::Run as usize + class);
             flush_stack(cache, lrow);
             checkin(lrow);
-            r.allocations += (*lrow).count;
-            (*lrow).count = 0;
+            let count = (*lrow).count.load(Ordering::Relaxed);
+            r.allocations += count - (*cache).load_mark[class];
+            (*cache).load_mark[class] = count;
             let cur = (*lrow).current;
             (*lrow).current = empty_slab();
             if cur != empty_slab() {
@@ -80,6 +81,7 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
         r.survivor_bytes += used * (*s).size as usize;
         if used == 0 && (*s).shared.remote.load(Ordering::Acquire) == 0 {
             stats::add(&COUNTERS.slabs_released, 1);
+            stats::sub(&stats::CLASS_SLABS[class], 1);
             r.slabs_released += 1;
             heap::free_block((*s).data);
             return;
