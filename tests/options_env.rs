@@ -1,23 +1,14 @@
 //! Options are read from `EDGEPOOL_*` once, at first use. The parent test starts this same binary with
 //! the variables set (they must be in place before the first allocation), and the child checks them.
 
-use std::process::Command;
+mod common;
 
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
-fn run_child(test: &str, env: &[(&str, &str)]) -> std::process::Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
-
 #[test]
 fn environment_sets_options_and_verbose_prints_them() {
-    let out = run_child(
+    let out = common::child(
         "child_sees_options",
         &[
             ("EDGEPOOL_MAX_BLOCK", "1M"),
@@ -34,7 +25,7 @@ fn environment_sets_options_and_verbose_prints_them() {
 
 #[test]
 fn bad_value_is_reported_and_default_kept() {
-    let out = run_child(
+    let out = common::child(
         "child_sees_defaults",
         &[
             ("EDGEPOOL_MAX_BLOCK", "3M"),

@@ -4,27 +4,12 @@
 //! not powers of two, and the OS bytes count exactly those. Each test runs in its own child process,
 //! so that the heap's figures belong to that test alone.
 
-use std::process::Command;
+mod common;
 
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
 const MIB: usize = 1 << 20;
-
-fn run_child(test: &str, env: &[(&str, &str)]) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Allocates `n` resident 1 MiB blocks.
 fn resident_blocks(n: usize) -> Vec<Vec<u8>> {
@@ -33,7 +18,7 @@ fn resident_blocks(n: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn freed_memory_decays_back_to_the_os() {
-    run_child("child_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
+    common::run_child("child_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
 }
 
 #[test]
@@ -74,7 +59,7 @@ fn child_decay() {
 #[test]
 fn memory_being_recycled_is_not_decayed_but_goes_after_a_pause() {
     // A delay long enough that a loaded machine's scheduling never makes a pause of it.
-    run_child("child_recycled", &[("EDGEPOOL_PURGE_DELAY", "200")]);
+    common::run_child("child_recycled", &[("EDGEPOOL_PURGE_DELAY", "200")]);
 }
 
 #[test]
@@ -112,7 +97,7 @@ fn child_recycled() {
 
 #[test]
 fn no_decay_inside_a_load_phase_and_everything_free_goes_at_its_end() {
-    run_child("child_phase_no_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
+    common::run_child("child_phase_no_decay", &[("EDGEPOOL_PURGE_DELAY", "20")]);
 }
 
 #[test]
@@ -162,7 +147,7 @@ fn child_phase_no_decay() {
 #[test]
 fn fresh_memory_is_taken_only_after_waiting_memory_is_purged() {
     // No decay at all: only the on-demand purge can give memory back.
-    run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000")]);
+    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000")]);
 }
 
 #[test]
@@ -196,7 +181,7 @@ fn child_on_demand() {
 #[test]
 fn below_the_high_water_mark_fresh_memory_is_taken_without_purging() {
     // A delay long enough for a debug build's steps to fit in one window.
-    run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300")]);
+    common::run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300")]);
 }
 
 #[test]
@@ -237,7 +222,7 @@ fn child_below_high_water() {
 
 #[test]
 fn large_blocks_hold_whole_pages_not_powers_of_two() {
-    run_child("child_exact_pages", &[]);
+    common::run_child("child_exact_pages", &[]);
 }
 
 #[test]
@@ -275,8 +260,8 @@ fn child_exact_pages() {
 
 #[test]
 fn load_phases_prefault_fresh_large_blocks() {
-    run_child("child_prefault", &[]);
-    run_child("child_prefault_off", &[("EDGEPOOL_LOAD_PREFAULT", "0")]);
+    common::run_child("child_prefault", &[]);
+    common::run_child("child_prefault_off", &[("EDGEPOOL_LOAD_PREFAULT", "0")]);
 }
 
 /// Whether this kernel has `MADV_POPULATE_WRITE` (Linux 5.14+).
@@ -346,7 +331,7 @@ fn child_prefault_off() {
 
 #[test]
 fn os_calls_and_page_faults_are_counted() {
-    run_child("child_os_calls", &[]);
+    common::run_child("child_os_calls", &[]);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! and in the hardened mode.
 //! Each test runs in its own child process, so that the process-wide figures belong to it alone.
 
-use std::process::Command;
+mod common;
 
 use edgepool::run_cache::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};
 
@@ -12,20 +12,6 @@ use edgepool::run_cache::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
 const PAGE: usize = 4096;
-
-fn run_child(test: &str, env: &[(&str, &str)]) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn cached_total() -> usize {
     edgepool::stats().counters.run_cache_bytes
@@ -58,7 +44,7 @@ fn churn(n: usize, pages: usize) -> Vec<usize> {
 
 #[test]
 fn serves_the_next_request_and_stays_bounded() {
-    run_child("child_serves_and_bounded", &[]);
+    common::run_child("child_serves_and_bounded", &[]);
 }
 
 #[test]
@@ -104,7 +90,7 @@ fn child_serves_and_bounded() {
 
 #[test]
 fn empties_at_thread_exit_and_for_other_threads_after_trim() {
-    run_child("child_thread_exit_and_trim", &[]);
+    common::run_child("child_thread_exit_and_trim", &[]);
 }
 
 #[test]
@@ -144,7 +130,7 @@ fn child_thread_exit_and_trim() {
 
 #[test]
 fn off_during_a_load_phase_and_empty_at_its_end() {
-    run_child("child_phase", &[]);
+    common::run_child("child_phase", &[]);
 }
 
 #[test]
@@ -182,7 +168,7 @@ fn child_phase() {
 
 #[test]
 fn off_in_the_hardened_mode() {
-    run_child("child_secure", &[("EDGEPOOL_SECURE", "1")]);
+    common::run_child("child_secure", &[("EDGEPOOL_SECURE", "1")]);
 }
 
 #[test]

@@ -3,26 +3,14 @@
 //! another thread count at once). Each test runs in its own child process, so that the figures belong
 //! to that test alone.
 
+mod common;
+
 use std::alloc::{alloc, dealloc, Layout};
-use std::process::Command;
 
 use edgepool::classes::CLASS_SIZES;
 
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
-
-fn run_child(test: &str) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{test} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn class_index(size: usize) -> usize {
     CLASS_SIZES.iter().position(|&c| c == size).unwrap()
@@ -36,7 +24,7 @@ fn delta(a: &edgepool::Stats, b: &edgepool::Stats, c: usize) -> (i64, i64, i64) 
 
 #[test]
 fn one_thread_class_counts_are_exact() {
-    run_child("child_one_thread");
+    common::run_child("child_one_thread", &[]);
 }
 
 #[test]
@@ -95,7 +83,7 @@ fn child_one_thread() {
 
 #[test]
 fn large_blocks_and_live_bytes_are_counted_at_their_pages() {
-    run_child("child_large");
+    common::run_child("child_large", &[]);
 }
 
 #[test]
@@ -126,7 +114,7 @@ fn child_large() {
 
 #[test]
 fn frees_by_other_threads_count_at_once() {
-    run_child("child_threads");
+    common::run_child("child_threads", &[]);
 }
 
 #[test]

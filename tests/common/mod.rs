@@ -3,6 +3,27 @@
 
 pub mod preload;
 
+/// Runs test `test` of this test binary (an `#[ignore]`d child) alone in a child process with the
+/// extra environment `env`, and returns its output.
+pub fn child(test: &str, env: &[(&str, &str)]) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// [`child`], which must succeed (else the test fails with its output).
+pub fn run_child(test: &str, env: &[(&str, &str)]) {
+    let out = child(test, env);
+    assert!(
+        out.status.success(),
+        "{test} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// xorshift64*: a small deterministic generator (no dependency, no allocation).
 pub struct Rng(pub u64);
 
