@@ -18,6 +18,13 @@ pub struct OsCalls {
     pub mremap: AtomicUsize,
 }
 
+/// The allocator's calls into the OS's memory map so far: `mmap`, `munmap`, `madvise`, `mprotect` and
+/// `mremap` together.
+pub fn os_calls() -> u64 {
+    let c = &OS_CALLS;
+    [&c.mmap, &c.munmap, &c.madvise, &c.mprotect, &c.mremap].iter().map(|a| a.load(Ordering::Relaxed) as u64).sum()
+}
+
 /// Page faults the process has taken (minor and major), from `getrusage`.
 pub fn page_faults() -> u64 {
     // SAFETY: an all-zero `rusage` is valid, and getrusage only writes into it.

@@ -54,6 +54,9 @@ pub struct PhaseReport {
     pub duration: Duration,
     /// Page faults the process took during the phase (minor and major, every thread's).
     pub page_faults: u64,
+    /// edgepool's calls into the OS's memory map (`mmap`, `munmap`, `madvise`, `mprotect`, `mremap`)
+    /// from the phase's start to its report, the purges of its end included.
+    pub os_calls: u64,
     /// Caches of other threads whose load rows will be settled at their thread's next slow path.
     pub deferred_caches: usize,
 }
@@ -92,6 +95,7 @@ fn snapshot() -> Start {
         large_allocs: LOAD_LARGE_ALLOCS.load(Ordering::Relaxed),
         arena_allocs: arena::ALLOCS.load(Ordering::Relaxed),
         faults: crate::os::page_faults(),
+        os_calls: crate::os::os_calls(),
     }
 }
 
@@ -115,6 +119,7 @@ fn finish_report(start: Start, end_purged: usize, small: LoadEnd, deferred: usiz
         os_bytes_after: heap::stats().os_bytes,
         duration: Duration::from_nanos(crate::os::now_ns() - start.t_ns),
         page_faults: crate::os::page_faults().saturating_sub(start.faults),
+        os_calls: crate::os::os_calls().saturating_sub(start.os_calls),
         deferred_caches: deferred,
     }
 }
@@ -291,7 +296,8 @@ pub fn print_report(r: &PhaseReport) {
     m.str("edgepool: load phase ended: ").num(r.allocations).str(" allocations, peak ").num(r.peak_bytes as u64);
     m.str(" B, survivors ").num(r.survivor_bytes as u64).str(" B, released ").num(r.released_bytes as u64);
     m.str(" B, os ").num(r.os_bytes_before as u64).str(" -> ").num(r.os_bytes_after as u64);
-    m.str(" B, ").num(r.duration.as_micros() as u64).str(" us\n");
+    m.str(" B, ").num(r.page_faults).str(" page faults, ").num(r.os_calls).str(" OS calls, ");
+    m.num(r.duration.as_micros() as u64).str(" us\n");
     crate::os::write_stderr(m.as_bytes());
 }
 

@@ -94,11 +94,12 @@ pub struct Start {
     pub arena_allocs: u64,
     /// The process's page faults so far.
     pub faults: u64,
+    /// The allocator's calls into the OS's memory map so far ([`crate::os::os_calls`]).
+    pub os_calls: u64,
 }
 
 static C_OPEN: AtomicUsize = AtomicUsize::new(0);
-static C_START: [AtomicU64; 5] =
-    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static C_START: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 /// Counts one more open C phase; the outermost records `start`.
 pub fn c_open(start: Start) {
@@ -108,6 +109,7 @@ pub fn c_open(start: Start) {
         C_START[2].store(start.large_allocs, Ordering::Relaxed);
         C_START[3].store(start.arena_allocs, Ordering::Relaxed);
         C_START[4].store(start.faults, Ordering::Relaxed);
+        C_START[5].store(start.os_calls, Ordering::Relaxed);
     }
 }
 
@@ -123,6 +125,7 @@ pub fn c_close() -> Option<Start> {
         large_allocs: C_START[2].load(Ordering::Relaxed),
         arena_allocs: C_START[3].load(Ordering::Relaxed),
         faults: C_START[4].load(Ordering::Relaxed),
+        os_calls: C_START[5].load(Ordering::Relaxed),
     })
 }
 

@@ -370,8 +370,17 @@ fn child_os_calls() {
     for i in (0..v.len()).step_by(4096) {
         v[i] = 1;
     }
+    let s6 = edgepool::stats();
     let report = guard.finish();
     assert!(report.page_faults >= (32 * MIB / 4096) as u64 * 9 / 10, "{report:?}");
+    // Its OS calls: at least the end's purges (the 32 MiB block is live: the heap's growth, if any,
+    // and purges of what was free).
+    let s7 = edgepool::stats();
+    let calls = |s: &edgepool::Stats| {
+        (s.os_mmap_calls + s.os_munmap_calls + s.os_madvise_calls + s.os_mprotect_calls + s.os_mremap_calls) as u64
+    };
+    assert!(report.os_calls <= calls(&s7) - calls(&s5), "{report:?}");
+    assert!(report.os_calls >= calls(&s7) - calls(&s6), "{report:?}");
     assert!(edgepool::stats().page_faults >= s5.page_faults + report.page_faults as usize);
     drop(v);
 }
