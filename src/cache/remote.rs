@@ -52,9 +52,18 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
 pub(super) static ORPHAN_FREES: [AtomicU64; NCLASSES] = [const { AtomicU64::new(0) }; NCLASSES];
 
 /// Counts a free of a `class` slot by a thread that does not own its slab: in the calling thread's
-/// cache (no shared write), or in [`ORPHAN_FREES`] when the thread has none.
+/// cache (no shared write). A thread that frees before it ever allocated (a consumer) gets its cache
+/// here, so that its frees do not all write one shared counter (xmalloc's consumers were 8 % slower
+/// with it); only a thread whose cache is gone (exiting) or that cannot get one counts in
+/// [`ORPHAN_FREES`].
 fn count_remote_free(class: usize) {
-    let me = life::tls_cache();
+    let mut me = life::tls_cache();
+    if me == super::empty_cache() && !life::exiting() {
+        me = life::acquire();
+        if me.is_null() {
+            me = super::empty_cache();
+        }
+    }
     if me == super::empty_cache() {
         ORPHAN_FREES[class].fetch_add(1, Ordering::Relaxed);
     } else {
