@@ -82,7 +82,7 @@ pub const fn bitmap_words(npages: usize) -> usize {
 /// pages' states, so a freed block always joins its free buddy and a later request of the merged size
 /// finds it; a *mixed* block counts only its dirty pages as resident.
 ///
-/// Invariants (checked by [`Buddy::check`]):
+/// Invariants (checked by [`Buddy::check_counting_runs`]):
 /// - `heads[d][o - MIN_ORDER]` starts a doubly linked list of exactly the free blocks of order `o` whose
 ///   `DIRTY` flag is `d` (blocks without a dirty page in list 0, the others in list 1), so that
 ///   allocation can prefer memory that is already resident and purging can find dirty blocks without
@@ -658,9 +658,17 @@ impl Buddy {
         }
     }
 
-    /// Walks the whole structure and checks every invariant. Returns a description of the first
-    /// violation. For tests and debug builds.
+    /// [`Buddy::check_counting_runs`] without the count (the unit tests).
+    #[cfg(test)]
     pub fn check(&self) -> Result<(), &'static str> {
+        self.check_counting_runs().map(|_| ())
+    }
+
+    /// Walks the whole structure and checks every invariant. Returns a description of the first
+    /// violation, or the bytes of the allocated runs (large blocks) it walked. For tests and debug
+    /// builds.
+    pub fn check_counting_runs(&self) -> Result<usize, &'static str> {
+        let mut runs = 0usize;
         let mut free = 0usize;
         let mut dirty = 0usize;
         for (h, l) in (0..NORDERS).flat_map(|h| [(h, 0), (h, 1)]) {
@@ -730,6 +738,7 @@ impl Buddy {
                 if self.count_dirty(idx, e.next) != 0 {
                     return Err("an allocated run has dirty bits");
                 }
+                runs += e.next as usize * PAGE;
                 idx += e.next;
                 continue;
             }
@@ -754,7 +763,7 @@ impl Buddy {
             }
             idx += pages(o);
         }
-        Ok(())
+        Ok(runs)
     }
 }
 

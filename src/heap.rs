@@ -1209,7 +1209,13 @@ pub fn check() -> Result<(), &'static str> {
     if !is_ready() {
         return Ok(());
     }
-    with_heap(|h| h.buddy.check())
+    with_heap(|h| {
+        let runs = h.buddy.check_counting_runs()?;
+        if runs != h.large_bytes {
+            return Err("large_bytes differs from the runs in the page map");
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
