@@ -188,8 +188,8 @@ pub fn size_of(p: *mut u8) -> Option<usize> {
 }
 
 /// Calls `f(p, len)` for every live direct mapping, with the table's lock held: no mapping is unmapped
-/// while `f` runs (`f` must not allocate or take a lock that comes before `DIRECT`). Returns how many.
-pub fn for_each(mut f: impl FnMut(*mut u8, usize)) -> usize {
+/// while `f` runs (`f` must not allocate or take a lock that comes before `DIRECT`).
+pub fn for_each(mut f: impl FnMut(*mut u8, usize)) {
     with_direct(|t| {
         for i in 0..t.cap {
             let e = t.at(i);
@@ -197,7 +197,6 @@ pub fn for_each(mut f: impl FnMut(*mut u8, usize)) -> usize {
                 f(e.key as *mut u8, e.len);
             }
         }
-        t.live
     })
 }
 

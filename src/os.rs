@@ -660,6 +660,26 @@ impl MsgBuf {
         }
         self
     }
+    /// Appends `v` right-aligned in `width` columns.
+    pub fn num_padded(&mut self, v: u64, width: usize) -> &mut Self {
+        let digits = if v == 0 { 1 } else { v.ilog10() as usize + 1 };
+        for _ in digits..width {
+            self.str(" ");
+        }
+        self.num(v)
+    }
+    /// Appends `v / 10^decimals` with `decimals` digits after the point (`fixed(1234, 3)` is
+    /// `1.234`, `fixed(5, 2)` is `0.05`).
+    pub fn fixed(&mut self, v: u64, decimals: u32) -> &mut Self {
+        let unit = 10u64.pow(decimals);
+        self.num(v / unit).str(".");
+        let mut d = unit / 10;
+        while d > 0 {
+            self.num(v / d % 10);
+            d /= 10;
+        }
+        self
+    }
     pub fn hex(&mut self, v: usize) -> &mut Self {
         self.str("0x");
         let mut started = false;

@@ -205,10 +205,10 @@ pub fn write_report(fd: libc::c_int) {
         pool_total += slabs * crate::size_class::SLAB_SIZE as u64;
         let mut m = MsgBuf::new();
         m.str("  ");
-        pad(&mut m, CLASS_SIZES[c] as u64, 5).str("  ");
-        pad(&mut m, allocs, 11).str("  ");
-        pad(&mut m, peak, 9).str("  ");
-        pad(&mut m, w, 11).str("  ").num(blocks).str(" blocks = ").num(slabs).str(" slabs of 64 KiB\n");
+        m.num_padded(CLASS_SIZES[c] as u64, 5).str("  ");
+        m.num_padded(allocs, 11).str("  ");
+        m.num_padded(peak, 9).str("  ");
+        m.num_padded(w, 11).str("  ").num(blocks).str(" blocks = ").num(slabs).str(" slabs of 64 KiB\n");
         line(&m);
     }
     let large_pool = (LARGE_PEAK.load(Ordering::Relaxed) * 12).div_ceil(10);
@@ -227,19 +227,10 @@ pub fn write_report(fd: libc::c_int) {
     line(&m);
 }
 
-/// Appends `v` right-aligned in `width` columns.
-fn pad(m: &mut MsgBuf, v: u64, width: usize) -> &mut MsgBuf {
-    let digits = if v == 0 { 1 } else { v.ilog10() as usize + 1 };
-    for _ in digits..width {
-        m.str(" ");
-    }
-    m.num(v)
-}
-
 /// Appends `part / whole` as a percentage with one decimal.
 fn pct(m: &mut MsgBuf, part: u64, whole: u64) -> &mut MsgBuf {
     let tenths = if whole == 0 { 0 } else { (part as u128 * 1000 / whole as u128) as u64 };
-    m.num(tenths / 10).str(".").num(tenths % 10).str(" %")
+    m.fixed(tenths, 1).str(" %")
 }
 
 /// At exit: the report on stderr.

@@ -120,57 +120,20 @@ pub fn write_report(fd: libc::c_int, s: &Stats) {
         os::write_fd(fd, m.as_bytes());
     }
     let mut m = os::MsgBuf::new();
-    m.str("  fragmentation ");
-    fraction(&mut m, s.fragmentation_ppm(), 1);
-    m.str(" % (1 - live_bytes / os_bytes)\n");
+    m.str("  fragmentation ").fixed(s.fragmentation_ppm() / 1000, 1).str(" % (1 - live_bytes / os_bytes)\n");
     os::write_fd(fd, m.as_bytes());
     os::write_fd(
         fd,
         b"  slots by size class:\n         size    in use  reserved  utilisation  allocations        frees\n",
     );
     for c in s.classes.iter() {
+        // Utilisation in tenths of a per cent, right-aligned as "  0.0" to "100.0".
+        let tenths = (c.slots_in_use as u64 * 1000).checked_div(c.slots_reserved as u64).unwrap_or(0);
         let mut m = os::MsgBuf::new();
-        m.str("  ");
-        pad(&mut m, c.size as u64, 9);
-        m.str(" B");
-        pad(&mut m, c.slots_in_use as u64, 8);
-        pad(&mut m, c.slots_reserved as u64, 10);
-        let ppm = (c.slots_in_use as u64 * 1_000_000).checked_div(c.slots_reserved as u64).unwrap_or(0);
-        let mut f = os::MsgBuf::new();
-        fraction(&mut f, ppm, 1);
-        m.str("      ");
-        for _ in f.as_bytes().len()..5 {
-            m.str(" ");
-        }
-        m.str(core::str::from_utf8(f.as_bytes()).unwrap_or("?")).str(" %");
-        pad(&mut m, c.allocations, 13);
-        pad(&mut m, c.frees, 13);
-        m.str("\n");
+        m.str("  ").num_padded(c.size as u64, 9).str(" B").num_padded(c.slots_in_use as u64, 8);
+        m.num_padded(c.slots_reserved as u64, 10).str("      ").num_padded(tenths / 10, 3).str(".");
+        m.num(tenths % 10).str(" %").num_padded(c.allocations, 13).num_padded(c.frees, 13).str("\n");
         os::write_fd(fd, m.as_bytes());
-    }
-}
-
-/// Writes `v` right-aligned in `width` columns.
-fn pad(m: &mut os::MsgBuf, v: u64, width: usize) {
-    let mut n = os::MsgBuf::new();
-    n.num(v);
-    for _ in n.as_bytes().len()..width {
-        m.str(" ");
-    }
-    m.num(v);
-}
-
-/// Writes parts per million `ppm` as a percentage with `decimals` (1 or more) decimals, rounded down.
-fn fraction(m: &mut os::MsgBuf, ppm: u64, decimals: u32) {
-    let scale = 10u64.pow(4 - decimals.min(4));
-    let v = ppm / scale;
-    let unit = 10u64.pow(decimals.min(4));
-    m.num(v / unit).str(".");
-    let frac = v % unit;
-    let mut d = unit / 10;
-    while d > 0 {
-        m.num(frac / d % 10);
-        d /= 10;
     }
 }
 
@@ -184,14 +147,7 @@ pub fn write_json(fd: libc::c_int, s: &Stats) {
         os::write_fd(fd, m.as_bytes());
     }
     let mut m = os::MsgBuf::new();
-    let ppm = s.fragmentation_ppm();
-    m.str(",\n  \"fragmentation\": ").num(ppm / 1_000_000).str(".");
-    let mut d = 100_000;
-    while d > 0 {
-        m.num(ppm / d % 10);
-        d /= 10;
-    }
-    m.str(",\n  \"classes\": [");
+    m.str(",\n  \"fragmentation\": ").fixed(s.fragmentation_ppm(), 6).str(",\n  \"classes\": [");
     os::write_fd(fd, m.as_bytes());
     for (i, c) in s.classes.iter().enumerate() {
         let mut m = os::MsgBuf::new();
