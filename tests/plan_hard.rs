@@ -14,10 +14,13 @@ fn both(n: usize, seed: u64) -> [(&'static str, Vec<Tensor>); 2] {
 
 #[test]
 fn small_hard_instances_are_solved_and_proven_optimal() {
+    // The proof, not the time, is what this checks: tiling 40/7 takes 8-10 s here, against the 10 s
+    // of `Budget::exact()`, and a slow moment of a shared machine made it stop short (and fail) once.
+    let budget = Budget { max_time: Duration::from_secs(120), ..Budget::exact() };
     for n in [30, 40] {
         for seed in 0..8 {
             for (kind, ts) in both(n, seed) {
-                let p = plan::plan_with(&ts, Strategy::Exact, Budget::exact()).unwrap();
+                let p = plan::plan_with(&ts, Strategy::Exact, budget).unwrap();
                 plan::validate(&ts, &p.offsets, p.arena_size).unwrap();
                 assert_eq!(p.arena_size, HardSpec::new(n, seed).bound, "{kind} n={n} seed={seed}");
                 assert!(p.proven_optimal, "{kind} n={n} seed={seed}");
