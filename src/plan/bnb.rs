@@ -22,13 +22,16 @@
 //!
 //! **The sweep (`Sweep`).** Sections in time order, each starting tensor into the free holes. Complete
 //! when every section is full at the capacity (then every hole is exactly tiled by the tensors that
-//! start there); a heuristic otherwise.
+//! start there); a heuristic otherwise. Three things make it fast on full instances: a look-ahead
+//! after each placement (in every section of the tensor's lifetime, each free interval must be a
+//! subset sum of the sizes still to come there), the hole with fewest candidates filled first, and
+//! adjacent tensors of one lifetime searched in one order only.
 //!
 //! **Driver.** A decision search (is there a plan within `cap`?) at the lower bound, by the sweep and
 //! by the point search, and an optimisation search (`cap` = best known − 1, lowered at each plan
-//! found), alternate over several preorders with node limits that double each round: restarts. A
-//! point search that ends without hitting its node limit has explored every plan within its capacity:
-//! its answer is a proof.
+//! found), alternate over several preorders (fixed ones, then random ones, new in every round) with
+//! node limits that double each round: restarts. A point search that ends without hitting its node
+//! limit has explored every plan within its capacity: its answer is a proof.
 
 use std::time::Instant;
 
@@ -36,6 +39,8 @@ use super::Tensor;
 
 const NONE: u64 = u64::MAX;
 
+/// Random preorders tried in each round of the driver, after the fixed ones.
+const RANDOM_PREORDERS: usize = 4;
 /// Tensors beyond which the branch and bound is not tried (its tables grow with the overlaps).
 pub(super) const MAX_TENSORS: usize = 4000;
 /// Section memberships beyond which it is not tried.
@@ -203,6 +208,22 @@ impl Bits {
             let step = covered.min(k + 1 - covered);
             self.or_shifted(step);
             covered += step;
+        }
+    }
+
+    /// The highest set bit at or below `i`.
+    fn prev(&self, i: usize) -> Option<usize> {
+        let mut w = (i / 64).min(self.0.len().checked_sub(1)?);
+        let mut word = self.0[w];
+        if w == i / 64 && i % 64 < 63 {
+            word &= (1u64 << (i % 64 + 1)) - 1;
+        }
+        loop {
+            if word != 0 {
+                return Some(w * 64 + 63 - word.leading_zeros() as usize);
+            }
+            w = w.checked_sub(1)?;
+            word = self.0[w];
         }
     }
 
@@ -612,7 +633,21 @@ struct Sweep<'p> {
     depth: u32,
     deadline: Instant,
     best: Option<(Vec<u64>, u64)>,
+    /// The unit of the look-ahead (`check`): a divisor of every size, alignment and the capacity,
+    /// so of every offset the sweep gives; 0 where the capacity has too many units for its tables.
+    unit: u64,
+    /// Scratch of `check`: placed intervals, unplaced sizes (in units), subset sums.
+    held: Vec<(u64, u64)>,
+    sizes: Vec<usize>,
+    sums: Bits,
+    /// The tensors placed, in the order of placement: (section, end, tensor).
+    ends: Vec<(u32, u64, u32)>,
+    /// Per tensor, the lowest rank among the tensors interchangeable with it (itself included).
+    group_rank: Vec<u32>,
 }
+
+/// Units of the capacity beyond which the sweep does not look ahead.
+const MAX_CHECK_UNITS: u64 = 1 << 20;
 
 impl<'p> Sweep<'p> {
     fn new(p: &'p Problem, rank: &'p [u32], cap: u64, nodes: u64, deadline: Instant) -> Self {
@@ -623,6 +658,9 @@ impl<'p> Sweep<'p> {
         for list in &mut starters {
             list.sort_unstable_by_key(|&c| rank[c as usize]);
         }
+        // An alignment of 1 adds no offsets: only ends, 0 and multiples of larger alignments occur.
+        let unit = p.size.iter().chain(p.align.iter().filter(|&&a| a > 1)).fold(cap, |g, &x| gcd(g, x));
+        let unit = if unit == 0 || cap / unit > MAX_CHECK_UNITS { 0 } else { unit };
         Sweep {
             p,
             dom: None,
@@ -633,7 +671,96 @@ impl<'p> Sweep<'p> {
             depth: 0,
             deadline,
             best: None,
+            unit,
+            held: Vec::new(),
+            sizes: Vec::new(),
+            sums: Bits(Vec::new()),
+            ends: Vec::new(),
+            group_rank: Self::group_ranks(p, rank),
         }
+    }
+
+    fn group_ranks(p: &Problem, rank: &[u32]) -> Vec<u32> {
+        let key = |c: usize| (p.size[c], p.lo[c], p.hi[c], p.align[c]);
+        let mut by_key: Vec<usize> = (0..p.len()).collect();
+        by_key.sort_unstable_by_key(|&c| (key(c), rank[c]));
+        let mut group = vec![0u32; p.len()];
+        let mut first = 0;
+        for (k, &c) in by_key.iter().enumerate() {
+            if k == 0 || key(by_key[k - 1]) != key(c) {
+                first = rank[c];
+            }
+            group[c] = first;
+        }
+        group
+    }
+
+    /// Look-ahead over sections `from..to`: in each, the tensors placed leave free intervals, and the
+    /// tensors not placed yet that live there must go inside them, each wholly inside one. So in an
+    /// interval of `len` bytes, the bytes left empty are at least `len` minus the largest subset sum
+    /// of their sizes that fits; summed over the intervals, that must fit the section's spare bytes
+    /// (none where the section is full, as in the instances hard by construction: there every
+    /// interval must be an exact subset sum, which few arrangements satisfy). And the largest of them
+    /// must fit the largest interval.
+    fn check(&mut self, from: usize, to: usize) -> bool {
+        let p = self.p;
+        let unit = self.unit;
+        if unit == 0 {
+            return true;
+        }
+        for s in from..to.min(p.members.len()) {
+            let spare = self.cap.saturating_sub(p.section_total[s]) / unit;
+            self.held.clear();
+            self.sizes.clear();
+            for &c in &p.members[s] {
+                let c = c as usize;
+                if self.offset[c] == NONE {
+                    self.sizes.push((p.size[c] / unit) as usize);
+                } else {
+                    self.held.push((self.offset[c] / unit, (self.offset[c] + p.size[c]) / unit));
+                }
+            }
+            if self.sizes.is_empty() || self.held.is_empty() {
+                continue;
+            }
+            self.held.sort_unstable();
+            let cap = self.cap / unit;
+            // Free intervals: between the placed ones, and above them up to the capacity.
+            let mut at = 0;
+            let mut widest = 0;
+            for k in 0..=self.held.len() {
+                let (o, e) = self.held.get(k).copied().unwrap_or((cap, cap));
+                if o > at {
+                    widest = widest.max(o - at);
+                }
+                at = at.max(e);
+            }
+            let largest = *self.sizes.iter().max().expect("not empty");
+            if largest as u64 > widest {
+                return false;
+            }
+            let words = (widest as usize + 1).div_ceil(64);
+            self.sums.0.clear();
+            self.sums.0.resize(words, 0);
+            self.sums.0[0] = 1;
+            for &k in &self.sizes {
+                self.sums.or_shifted(k);
+            }
+            let mut empty = 0;
+            at = 0;
+            for k in 0..=self.held.len() {
+                let (o, e) = self.held.get(k).copied().unwrap_or((cap, cap));
+                if o > at {
+                    let len = (o - at) as usize;
+                    empty += (len - self.sums.prev(len).unwrap_or(0)) as u64;
+                    if empty > spare {
+                        return false;
+                    }
+                }
+                at = at.max(e);
+            }
+        }
+        true
     }
 
     fn run(&mut self) -> End {
@@ -670,6 +797,76 @@ impl<'p> Sweep<'p> {
         self.fill(s, &mut holes, &mut todo, spare)
     }
 
+    /// Which hole to fill next. Where the section has no bytes to spare every hole must be tiled
+    /// exactly from its bottom up, so any hole's bottom is a complete choice: the one where fewest of
+    /// `todo` can start (fail first, as an exact cover picks its column with fewest rows), counting a
+    /// tensor only if the rest of the hole above it is a subset sum of `todo`'s sizes. `None` when
+    /// some hole has no candidate. With bytes to spare, or no look-ahead unit, the lowest hole.
+    fn choose_hole(&mut self, s: usize, holes: &[(u64, u64)], todo: &[u32], spare: u64) -> Option<usize> {
+        let p = self.p;
+        let unit = self.unit;
+        if spare > 0 || unit == 0 || holes.len() == 1 {
+            return Some(0);
+        }
+        let widest = holes.iter().map(|&(a, b)| (b - a) / unit).max().unwrap_or(0) as usize;
+        self.sums.0.clear();
+        self.sums.0.resize((widest + 1).div_ceil(64), 0);
+        self.sums.0[0] = 1;
+        for &c in todo {
+            self.sums.or_shifted((p.size[c as usize] / unit) as usize);
+        }
+        let mut best = (usize::MAX, 0);
+        for (h, &(a, b)) in holes.iter().enumerate() {
+            let mut count = 0;
+            let below = self.starter_below(s, a);
+            for &c in todo {
+                let c = c as usize;
+                let top = a + p.size[c];
+                if a % p.align[c] != 0 || top > b || self.dom.is_some_and(|d| !d.allows(c, a)) {
+                    continue;
+                }
+                if self.sums.get(((b - top) / unit) as usize) && !below.is_some_and(|d| self.swappable(d, c)) {
+                    count += 1;
+                }
+            }
+            if count == 0 {
+                return None;
+            }
+            if count < best.0 {
+                best = (count, h);
+            }
+        }
+        Some(best.1)
+    }
+
+    /// Whether `c` at `o` sits right above a tensor `d` of the same section with the same lifetime
+    /// whose group comes later in the preorder, where the two could trade places (alignment
+    /// allowing). The pair holds the same bytes over the same ops either way, so only the order with
+    /// the earlier group below is searched: any plan becomes one of those by swapping such pairs
+    /// (each swap removes one inversion of the stack). Groups are the interchangeable tensors (alike
+    /// in size, lifetime and alignment), ranked by their first member: two of one group are never
+    /// refused, which keeps the rule compatible with trying one tensor of each group (`fill`'s
+    /// `tried`).
+    fn swapped_is_canonical(&self, s: usize, c: usize, o: u64) -> bool {
+        self.starter_below(s, o).is_some_and(|d| self.swappable(d, c))
+    }
+
+    /// The tensor of section `s` placed in this section and ending at `o`, if any.
+    fn starter_below(&self, s: usize, o: u64) -> Option<usize> {
+        let s = s as u32;
+        self.ends.iter().rev().take_while(|e| e.0 == s).find(|e| e.1 == o).map(|e| e.2 as usize)
+    }
+
+    /// Whether `c`, starting right above `d` (of the same section), should not go there: see
+    /// `swapped_is_canonical`.
+    fn swappable(&self, d: usize, c: usize) -> bool {
+        let p = self.p;
+        p.hi[d] == p.hi[c]
+            && self.group_rank[d] > self.group_rank[c]
+            && self.offset[d] % p.align[c] == 0
+            && (self.offset[d] + p.size[c]) % p.align[d] == 0
+    }
+
     /// Places the tensors of `todo` (starting in section `s`) into `holes` (sorted, non-empty), with
     /// at most `spare` bytes left empty.
     fn fill(&mut self, s: usize, holes: &mut Vec<(u64, u64)>, todo: &mut Vec<u32>, spare: u64) -> End {
@@ -684,7 +881,11 @@ impl<'p> Sweep<'p> {
             self.nodes_left = 0;
             return End::Limit;
         }
-        let Some(&(a, b)) = holes.first() else { return End::Exhausted };
+        if holes.is_empty() {
+            return End::Exhausted;
+        }
+        let Some(h) = self.choose_hole(s, holes, todo, spare) else { return End::Exhausted };
+        let (a, b) = holes[h];
         let p = self.p;
         self.depth += 1;
         let mut tried: Vec<(u64, u32, u64)> = Vec::new();
@@ -700,21 +901,30 @@ impl<'p> Sweep<'p> {
             if tried.contains(&key) {
                 continue;
             }
+            if self.swapped_is_canonical(s, c, o) {
+                continue;
+            }
             tried.push(key);
             todo.remove(k);
             self.offset[c] = o;
             let top = o + p.size[c];
+            self.ends.push((s as u32, top, c as u32));
             if top < b {
-                holes[0] = (top, b);
+                holes[h] = (top, b);
             } else {
-                holes.remove(0);
+                holes.remove(h);
             }
-            end = self.fill(s, holes, todo, spare - (o - a));
+            end = if self.check(s, p.hi[c] as usize) {
+                self.fill(s, holes, todo, spare - (o - a))
+            } else {
+                End::Exhausted
+            };
             if top < b {
-                holes[0] = (a, b);
+                holes[h] = (a, b);
             } else {
-                holes.insert(0, (a, b));
+                holes.insert(h, (a, b));
             }
+            self.ends.pop();
             self.offset[c] = NONE;
             todo.insert(k, c as u32);
             if end != End::Exhausted {
@@ -723,9 +933,9 @@ impl<'p> Sweep<'p> {
         }
         if end == End::Exhausted && b - a <= spare {
             // The rest of this hole stays empty.
-            holes.remove(0);
+            holes.remove(h);
             end = self.fill(s, holes, todo, spare - (b - a));
-            holes.insert(0, (a, b));
+            holes.insert(h, (a, b));
         }
         self.depth -= 1;
         end
@@ -780,8 +990,27 @@ fn drive(p: &Problem, tensors: &[Tensor], bound: u64, best: u64, deadline: Insta
             }
         }
     };
+    // Random preorders join the fixed ones in every round (restarts: the searches' times are
+    // heavy-tailed, and a preorder that leads one astray may be a lucky one for another instance).
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ p.len() as u64;
+    let mut random_rank = || {
+        let mut order: Vec<u32> = (0..p.len() as u32).collect();
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let mut rank = vec![0u32; order.len()];
+        for (r, &b) in order.iter().enumerate() {
+            rank[b as usize] = r as u32;
+        }
+        rank
+    };
     while !out.proven_optimal && out.nodes < max_nodes && Instant::now() < deadline {
-        for rank in &preorders {
+        let mut ranks = preorders.clone();
+        ranks.extend((0..RANDOM_PREORDERS).map(|_| random_rank()));
+        for rank in &ranks {
             if out.size <= out.best_bound {
                 out.proven_optimal = true;
             }
@@ -929,6 +1158,94 @@ mod tests {
                 }
             }
             Ok(())
+        }
+    }
+
+    #[test]
+    fn bits_prev_finds_the_highest_bit_at_or_below() {
+        let mut b = Bits::zeros(200);
+        assert_eq!(b.prev(199), None);
+        b.0[0] = 1 << 5;
+        b.0[2] = 1 << 3; // bit 131
+        assert_eq!(b.prev(4), None);
+        assert_eq!(b.prev(5), Some(5));
+        assert_eq!(b.prev(63), Some(5));
+        assert_eq!(b.prev(130), Some(5));
+        assert_eq!(b.prev(131), Some(131));
+        assert_eq!(b.prev(191), Some(131));
+        assert_eq!(b.prev(10_000), Some(131));
+    }
+
+    #[test]
+    fn sweep_look_ahead_refuses_a_free_interval_no_sizes_fill() {
+        // Ops 0 and 1, 10 bytes live at each: a (4 bytes) lives through both; b (6) at op 0; c and d
+        // (3 each) at op 1. With a at 3, op 1 leaves 3 + 3 bytes free: c and d fit. With a at 2 it
+        // leaves 2 + 4: no subset of {3, 3} makes 2.
+        let ts = [
+            Tensor::new("a", 4, 0, 1),
+            Tensor::new("b", 6, 0, 0),
+            Tensor::new("c", 3, 1, 1),
+            Tensor::new("d", 3, 1, 1),
+        ];
+        let p = Problem::new(&ts).unwrap();
+        let rank: Vec<u32> = (0..p.len() as u32).collect();
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let mut s = Sweep::new(&p, &rank, 10, u64::MAX, far);
+        assert_eq!(s.unit, 1);
+        s.offset[0] = 3;
+        assert!(s.check(1, 2));
+        s.offset[0] = 2;
+        assert!(!s.check(1, 2));
+        // With two bytes to spare at op 1 the same arrangement is allowed.
+        let mut s = Sweep::new(&p, &rank, 12, u64::MAX, far);
+        s.offset[0] = 2;
+        assert!(s.check(1, 2));
+    }
+
+    #[test]
+    fn sweep_look_ahead_keeps_the_constructed_plan_open() {
+        for seed in 0..8 {
+            for n in [100, 200] {
+                let spec = HardSpec::new(n, seed);
+                for (kind, (ts, plan)) in
+                    [("tiling", tiling_with_plan(spec)), ("guillotine", guillotine_with_plan(spec))]
+                {
+                    let p = Problem::new(&ts).unwrap();
+                    let target: Vec<u64> = p.index.iter().map(|&i| plan[i]).collect();
+                    let dom = Domains::new(&p, spec.bound).unwrap();
+                    let rank: Vec<u32> = (0..p.len() as u32).collect();
+                    let mut s = Sweep::new(&p, &rank, spec.bound, 1, Instant::now());
+                    assert!(s.unit > 0);
+                    for sec in 0..p.members.len() {
+                        for c in s.starters[sec].clone() {
+                            let c = c as usize;
+                            assert!(dom.allows(c, target[c]), "{kind} {n}/{seed}: domain refuses {c}");
+                            s.offset[c] = target[c];
+                            assert!(s.check(sec, p.hi[c] as usize), "{kind} {n}/{seed}: look-ahead refuses {c}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sweep_reaches_the_bound_of_small_hard_instances() {
+        for seed in 0..8 {
+            for n in [30, 40] {
+                let spec = HardSpec::new(n, seed);
+                for (kind, ts) in [("tiling", tiling_with_plan(spec).0), ("guillotine", guillotine_with_plan(spec).0)] {
+                    let p = Problem::new(&ts).unwrap();
+                    let dom = Domains::new(&p, spec.bound);
+                    let far = Instant::now() + std::time::Duration::from_secs(60);
+                    let found = p.preorders().iter().any(|rank| {
+                        let mut s = Sweep::new(&p, rank, spec.bound, 200_000, far);
+                        s.dom = dom.as_ref();
+                        s.run() == End::Found && s.best.as_ref().is_some_and(|b| b.1 == spec.bound)
+                    });
+                    assert!(found, "{kind} {n}/{seed}");
+                }
+            }
         }
     }
 
