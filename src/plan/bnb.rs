@@ -646,8 +646,10 @@ struct Sweep<'p> {
     group_rank: Vec<u32>,
 }
 
-/// Units of the capacity beyond which the sweep does not look ahead.
-const MAX_CHECK_UNITS: u64 = 1 << 20;
+/// Units of the capacity beyond which the sweep does not look ahead (as for `Domains`: a node's
+/// subset sums stay within a thousand words per section, and the deadline, checked every 512 nodes,
+/// is not overrun by much).
+const MAX_CHECK_UNITS: u64 = MAX_DOMAIN_UNITS;
 
 impl<'p> Sweep<'p> {
     fn new(p: &'p Problem, rank: &'p [u32], cap: u64, nodes: u64, deadline: Instant) -> Self {
