@@ -35,7 +35,7 @@
 
 use std::time::Instant;
 
-use super::Tensor;
+use super::{Rng, Tensor};
 
 const NONE: u64 = u64::MAX;
 
@@ -153,10 +153,6 @@ impl Bits {
         b
     }
 
-    fn zeros(len: usize) -> Bits {
-        Bits(vec![0; len.div_ceil(64)])
-    }
-
     /// Clears every bit at or above `len`.
     fn truncate(&mut self, len: usize) {
         for (w, word) in self.0.iter_mut().enumerate() {
@@ -208,6 +204,17 @@ impl Bits {
             let step = covered.min(k + 1 - covered);
             self.or_shifted(step);
             covered += step;
+        }
+    }
+
+    /// Makes this the set of subset sums of `sizes` below `len` (bits `0..len`; sums at or past `len`
+    /// may be left set in the last word), reusing the buffer.
+    fn subset_sums(&mut self, len: usize, sizes: impl IntoIterator<Item = usize>) {
+        self.0.clear();
+        self.0.resize(len.div_ceil(64), 0);
+        self.0[0] = 1;
+        for k in sizes {
+            self.or_shifted(k);
         }
     }
 
@@ -264,14 +271,10 @@ impl Domains {
             if spare >= units {
                 continue;
             }
+            let mut sums = Bits(Vec::new());
             for &c in members {
-                let mut sums = Bits::zeros(units + 1);
-                sums.0[0] = 1;
-                for &o in members {
-                    if o != c {
-                        sums.or_shifted((p.size[o as usize] / unit) as usize);
-                    }
-                }
+                let others = members.iter().filter(|&&o| o != c).map(|&o| (p.size[o as usize] / unit) as usize);
+                sums.subset_sums(units + 1, others);
                 sums.dilate(spare);
                 of[c as usize].and(&sums);
             }
@@ -636,8 +639,10 @@ struct Sweep<'p> {
     /// The unit of the look-ahead (`check`): a divisor of every size, alignment and the capacity,
     /// so of every offset the sweep gives; 0 where the capacity has too many units for its tables.
     unit: u64,
-    /// Scratch of `check`: placed intervals, unplaced sizes (in units), subset sums.
+    /// Scratch of `check`: placed intervals, free intervals' lengths and unplaced sizes (in units),
+    /// subset sums.
     held: Vec<(u64, u64)>,
+    gaps: Vec<usize>,
     sizes: Vec<usize>,
     sums: Bits,
     /// The tensors placed, in the order of placement: (section, end, tensor).
@@ -675,6 +680,7 @@ impl<'p> Sweep<'p> {
             best: None,
             unit,
             held: Vec::new(),
+            gaps: Vec::new(),
             sizes: Vec::new(),
             sums: Bits(Vec::new()),
             ends: Vec::new(),
@@ -728,38 +734,26 @@ impl<'p> Sweep<'p> {
             self.held.sort_unstable();
             let cap = self.cap / unit;
             // Free intervals: between the placed ones, and above them up to the capacity.
+            self.gaps.clear();
             let mut at = 0;
-            let mut widest = 0;
             for k in 0..=self.held.len() {
                 let (o, e) = self.held.get(k).copied().unwrap_or((cap, cap));
                 if o > at {
-                    widest = widest.max(o - at);
+                    self.gaps.push((o - at) as usize);
                 }
                 at = at.max(e);
             }
-            let largest = *self.sizes.iter().max().expect("not empty");
-            if largest as u64 > widest {
+            let widest = self.gaps.iter().copied().max().unwrap_or(0);
+            if *self.sizes.iter().max().expect("not empty") > widest {
                 return false;
             }
-            let words = (widest as usize + 1).div_ceil(64);
-            self.sums.0.clear();
-            self.sums.0.resize(words, 0);
-            self.sums.0[0] = 1;
-            for &k in &self.sizes {
-                self.sums.or_shifted(k);
-            }
+            self.sums.subset_sums(widest + 1, self.sizes.iter().copied());
             let mut empty = 0;
-            at = 0;
-            for k in 0..=self.held.len() {
-                let (o, e) = self.held.get(k).copied().unwrap_or((cap, cap));
-                if o > at {
-                    let len = (o - at) as usize;
-                    empty += (len - self.sums.prev(len).unwrap_or(0)) as u64;
-                    if empty > spare {
-                        return false;
-                    }
+            for &len in &self.gaps {
+                empty += (len - self.sums.prev(len).unwrap_or(0)) as u64;
+                if empty > spare {
+                    return false;
                 }
-                at = at.max(e);
             }
         }
         true
@@ -811,12 +805,7 @@ impl<'p> Sweep<'p> {
             return Some(0);
         }
         let widest = holes.iter().map(|&(a, b)| (b - a) / unit).max().unwrap_or(0) as usize;
-        self.sums.0.clear();
-        self.sums.0.resize((widest + 1).div_ceil(64), 0);
-        self.sums.0[0] = 1;
-        for &c in todo {
-            self.sums.or_shifted((p.size[c as usize] / unit) as usize);
-        }
+        self.sums.subset_sums(widest + 1, todo.iter().map(|&c| (p.size[c as usize] / unit) as usize));
         let mut best = (usize::MAX, 0);
         for (h, &(a, b)) in holes.iter().enumerate() {
             let mut count = 0;
@@ -994,18 +983,12 @@ fn drive(p: &Problem, tensors: &[Tensor], bound: u64, best: u64, deadline: Insta
     };
     // Random preorders join the fixed ones in every round (restarts: the searches' times are
     // heavy-tailed, and a preorder that leads one astray may be a lucky one for another instance).
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ p.len() as u64;
+    // A random permutation is as random read as ranks as read as an order: no inversion needed.
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ p.len() as u64 | 1);
     let mut random_rank = || {
-        let mut order: Vec<u32> = (0..p.len() as u32).collect();
-        for i in (1..order.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            order.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-        let mut rank = vec![0u32; order.len()];
-        for (r, &b) in order.iter().enumerate() {
-            rank[b as usize] = r as u32;
+        let mut rank: Vec<u32> = (0..p.len() as u32).collect();
+        for i in (1..rank.len()).rev() {
+            rank.swap(i, rng.below(i + 1));
         }
         rank
     };
@@ -1165,7 +1148,7 @@ mod tests {
 
     #[test]
     fn bits_prev_finds_the_highest_bit_at_or_below() {
-        let mut b = Bits::zeros(200);
+        let mut b = Bits(vec![0; 4]);
         assert_eq!(b.prev(199), None);
         b.0[0] = 1 << 5;
         b.0[2] = 1 << 3; // bit 131
