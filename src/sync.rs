@@ -16,9 +16,10 @@
 //! | 0 | [`PHASE_C`] | the C API's phase (`edgepool_load_begin/end`, the start-up trigger) | `phase` |
 //! | 1 | [`PHASE_CONTROL`] | process-wide phase begin and end | `phase` |
 //! | 2 | [`CACHE_KEY`] | creation of the thread-exit key | `cache::life` |
-//! | 3 | [`CACHE_POOL`] | the pool of abandoned thread caches | `cache::life` |
-//! | 4 | [`HEAP`] | the buddy heap, its purge state and budget | `heap` |
-//! | 5 | [`DIRECT`] | the table of direct mappings | `direct` |
+//! | 3 | [`CACHE_EXIT`] | the cache shared by exiting threads (allocations from late TLS destructors) | `cache::life` |
+//! | 4 | [`CACHE_POOL`] | the pool of abandoned thread caches | `cache::life` |
+//! | 5 | [`HEAP`] | the buddy heap, its purge state and budget | `heap` |
+//! | 6 | [`DIRECT`] | the table of direct mappings | `direct` |
 //!
 //! A function that needs the heap's figures while it works on a direct mapping therefore takes
 //! [`HEAP`] first (or drops [`DIRECT`] before it asks).
@@ -43,12 +44,13 @@ pub struct RawLock {
 pub static PHASE_C: RawLock = RawLock::new(0, "phase C API");
 pub static PHASE_CONTROL: RawLock = RawLock::new(1, "phase control");
 pub static CACHE_KEY: RawLock = RawLock::new(2, "cache key");
-pub static CACHE_POOL: RawLock = RawLock::new(3, "cache pool");
-pub static HEAP: RawLock = RawLock::new(4, "heap");
-pub static DIRECT: RawLock = RawLock::new(5, "direct table");
+pub static CACHE_EXIT: RawLock = RawLock::new(3, "exit cache");
+pub static CACHE_POOL: RawLock = RawLock::new(4, "cache pool");
+pub static HEAP: RawLock = RawLock::new(5, "heap");
+pub static DIRECT: RawLock = RawLock::new(6, "direct table");
 
 /// Every lock, in the order they are taken.
-static ORDER: [&RawLock; 6] = [&PHASE_C, &PHASE_CONTROL, &CACHE_KEY, &CACHE_POOL, &HEAP, &DIRECT];
+static ORDER: [&RawLock; 7] = [&PHASE_C, &PHASE_CONTROL, &CACHE_KEY, &CACHE_EXIT, &CACHE_POOL, &HEAP, &DIRECT];
 
 #[cfg(debug_assertions)]
 std::thread_local! {

@@ -505,6 +505,22 @@ fn cxx_under_preload() {
     assert!(stat(&stderr, "caches_abandoned") >= 8, "threads did not hand their caches back:\n{stderr}");
 }
 
+/// Threads whose late thread-exit destructor (a key made after edgepool's) allocates 25 times: one
+/// cache taken per thread (plus the one exiting threads share), not one per late allocation.
+#[test]
+fn late_destructors_allocate_without_a_cache_each() {
+    let dir = tmp_dir("late");
+    let exe = dir.join("late_destructor");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/late_destructor.c"), &exe, &["-pthread"]);
+    let out = run_with(&mut Command::new(&exe), true, &[("EDGEPOOL_STATS", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("late: 400 threads ok"), "{stdout}\n{stderr}");
+    let taken = stat(&stderr, "caches_adopted") + stat(&stderr, "caches_created");
+    // 401 threads (and the main one); 400 × 25 = 10 000 if each late allocation took a cache.
+    assert!((401..=420).contains(&taken), "{taken} caches taken:\n{stderr}");
+}
+
 /// Runs `cmd` without and with edgepool; the outputs must be identical. Returns the preloaded run.
 fn same_output(mut make: impl FnMut() -> Command) -> Output {
     let plain = make().output().unwrap();
