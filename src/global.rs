@@ -1,7 +1,7 @@
 //! Routing: which part of the allocator serves a request. `GlobalAlloc` and the C API both call in
 //! here; who owns a pointer is answered by `owner`.
 //!
-//! - a small request (≤ 4 KiB, alignment ≤ 4 KiB) goes to the thread cache: its fast path, or on a
+//! - a small request (≤ 16 KiB, alignment ≤ 4 KiB) goes to the thread cache: its fast path, or on a
 //!   miss [`small_slow`], which also polls the start-up phase trigger;
 //! - a large one (up to the largest buddy block) to the heap, as a run of whole pages;
 //! - anything larger to a direct mapping.

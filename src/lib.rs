@@ -65,7 +65,7 @@ pub mod raw {
     pub use crate::global::{alloc, alloc_zeroed, free, realloc, usable_size};
 }
 
-/// The per-thread cache of freed medium runs (large blocks of 4–64 KiB): its bounds, and what the
+/// The per-thread cache of freed medium runs (large blocks of up to 64 KiB, above the slab classes): its bounds, and what the
 /// calling thread holds (for tests and tools).
 pub mod run_cache {
     pub use crate::cache::runs::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};

@@ -1,7 +1,7 @@
 //! Sizing advice (`EDGEPOOL_PROFILE=1`): "profile, then size" as a command.
 //!
 //! While the process runs, every request is counted in a histogram of sizes (16-byte buckets up to
-//! 4 KiB, powers of two above), and the live blocks of each size class and the live bytes of large
+//! 16 KiB, powers of two above), and the live blocks of each size class and the live bytes of large
 //! blocks are tracked with their peaks (`global` calls [`on_alloc`] and [`on_free`] on the branch it
 //! takes for valgrind and debug mode; atomics, no lock). At exit [`report`] prints on stderr:
 //!
@@ -181,7 +181,7 @@ pub fn write_report(fd: libc::c_int) {
     let line = |m: &MsgBuf| os::write_fd(fd, m.as_bytes());
     let mut m = MsgBuf::new();
     m.str("edgepool profile (EDGEPOOL_PROFILE): ").num(requests + large).str(" allocations, ");
-    m.num(requests).str(" of them up to 4 KiB (").num(requested).str(" bytes requested), ").num(large);
+    m.num(requests).str(" of them up to 16 KiB (").num(requested).str(" bytes requested), ").num(large);
     m.str(" larger (").num(LARGE_BYTES.load(Ordering::Relaxed)).str(" bytes requested)\n");
     line(&m);
     let mut m = MsgBuf::new();
@@ -252,14 +252,15 @@ mod tests {
             bytes[size.div_ceil(16) - 1] += n * size as u64;
         }
         let p = best_classes(&count, &bytes, 3);
-        assert_eq!(&p.classes[..p.n], &[32, 208, 4096]);
-        assert_eq!(p.waste, 1000 * 8 + 500 * 8 + 10 * 96);
+        // The largest class is always SMALL_MAX.
+        assert_eq!(&p.classes[..p.n], &[32, 208, SMALL_MAX]);
+        assert_eq!(p.waste, 1000 * 8 + 500 * 8 + 10 * (SMALL_MAX as u64 - 4000));
         assert_eq!(waste_of(&count, &bytes, &p.classes[..p.n]), p.waste);
         let today = waste_of(&count, &bytes, &CLASS_SIZES);
         assert_eq!(today, 1000 * 8 + 500 * 56 + 10 * 96);
         assert!(best_classes(&count, &bytes, NCLASSES).waste <= today);
-        // One class: everything in 4096.
+        // One class: everything in the largest.
         let one = best_classes(&count, &bytes, 1);
-        assert_eq!(&one.classes[..one.n], &[4096]);
+        assert_eq!(&one.classes[..one.n], &[SMALL_MAX]);
     }
 }

@@ -1,14 +1,15 @@
 //! Size classes and slab geometry: pure arithmetic, computed at compile time.
 //!
 //! Classes: 16, 32, 48 (the finer classes below 64 B, where real programs make most requests), then
-//! the ×1.5 ladder 64, 96, 128, …, 3072, 4096. Every slot of a class is aligned to the class's
+//! the ×1.5 ladder 64, 96, 128, …, 3072, 4096, and on into *medium* classes 6144, 8192, 12288 and
+//! 16384 (10, 8, 5 and 4 slots per 64 KiB slab). Every slot of a class is aligned to the class's
 //! *natural alignment*: the largest power of two dividing its size, capped at 4096 (so 96-byte slots
 //! are 32-aligned, 3072-byte slots 1024-aligned). A request with a large alignment takes the smallest
 //! class that is both big enough and aligned enough.
 #![forbid(unsafe_code)]
 
 /// Largest request served by slabs.
-pub const SMALL_MAX: usize = 4096;
+pub const SMALL_MAX: usize = 16384;
 /// Every slab is one buddy block of this order (64 KiB), aligned to its size.
 pub const SLAB_SHIFT: u32 = 16;
 pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
@@ -20,7 +21,8 @@ pub const SLAB_HEADER: usize = 128;
 pub const SLAB_META_SHIFT: u32 = 10;
 pub const SLAB_META: usize = 1 << SLAB_META_SHIFT;
 
-pub const CLASS_SIZES: [usize; 16] = [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
+pub const CLASS_SIZES: [usize; 20] =
+    [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384];
 pub const NCLASSES: usize = CLASS_SIZES.len();
 
 /// Natural alignment of a slot size: the largest power of two dividing it, capped at 4096.
@@ -91,7 +93,7 @@ const _: () = {
         assert!(SLAB_HEADER + 8 * g.nwords as usize <= SLAB_META);
         assert!(g.first as usize + g.nslots as usize * g.size as usize <= SLAB_SIZE);
         assert!(g.nwords as usize * 64 >= g.nslots as usize);
-        assert!(g.nslots >= 8);
+        assert!(g.nslots >= 4);
         assert!(CLASS_SIZES[i] % 16 == 0);
         i += 1;
     }

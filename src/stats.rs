@@ -75,7 +75,7 @@ counters! {
     lock_contended,
     /// nanoseconds threads spent waiting for those locks
     lock_wait_ns,
-    /// large allocations (4-64 KiB runs) served from the thread's run cache, without the heap
+    /// large allocations (runs of up to 64 KiB) served from the thread's run cache, without the heap
     run_cache_hits,
     /// bytes of freed runs held in threads' run caches now (allocated in the heap's view)
     run_cache_bytes,

@@ -121,8 +121,9 @@ fn child() {
                 std::thread::spawn(move || edgepool::raw::free(p as *mut u8)).join().unwrap();
             }
             "double_cached" => {
-                // A medium run: the first free keeps it in this thread's run cache.
-                let p = edgepool::raw::alloc(8192, 16);
+                // A medium run (above the largest slab class): the first free keeps it in this
+                // thread's run cache.
+                let p = edgepool::raw::alloc(32 << 10, 16);
                 edgepool::raw::free(p);
                 edgepool::raw::free(p);
             }

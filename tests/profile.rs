@@ -67,8 +67,9 @@ fn the_report_counts_known_allocations_and_sizes_pools_from_their_peaks() {
         .split_whitespace()
         .map(|w| w.parse().unwrap())
         .collect();
-    assert_eq!(classes.len(), 16);
-    assert!(classes.contains(&208) && classes.contains(&48) && classes.last() == Some(&4096), "{classes:?}");
+    assert_eq!(classes.len(), edgepool::classes::CLASS_SIZES.len());
+    let largest = edgepool::classes::SMALL_MAX as u64;
+    assert!(classes.contains(&208) && classes.contains(&48) && classes.last() == Some(&largest), "{classes:?}");
     // Without the option, no report.
     assert!(!child_report(false).contains("edgepool profile"));
 }

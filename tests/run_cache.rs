@@ -1,4 +1,5 @@
-//! The per-thread run cache (freed large blocks of 4–64 KiB kept for the thread's next requests):
+//! The per-thread run cache (freed large blocks of up to 64 KiB kept for the thread's next requests;
+//! the runs here are of 5 to 16 pages, above the largest slab class of 16 KiB):
 //! it serves the next request of the same page count, stays within its bounds, and empties on
 //! `trim()`, at thread exit and at a load phase's end, and stays off during a phase, under a budget
 //! and in the hardened mode.
@@ -51,20 +52,20 @@ fn serves_the_next_request_and_stays_bounded() {
 #[ignore = "run by serves_the_next_request_and_stays_bounded in a child process"]
 fn child_serves_and_bounded() {
     let others = start();
-    let freed = churn(4, 2);
-    assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+    let freed = churn(4, 6);
+    assert_eq!(mine_bytes(), 4 * 6 * PAGE);
     assert_eq!(cached_total(), others + mine_bytes());
-    // The next request of two pages (8 KiB or a little less) takes one of them, without the heap.
+    // The next request of six pages (24 KiB or a little less) takes one of them, without the heap.
     let hits = edgepool::stats().counters.run_cache_hits;
     let large = edgepool::stats().counters.large_allocs;
-    let p = edgepool::raw::alloc(2 * PAGE - 100, 16);
+    let p = edgepool::raw::alloc(6 * PAGE - 100, 16);
     assert!(freed.contains(&(p as usize)), "not a cached run");
     assert_eq!(edgepool::stats().counters.run_cache_hits, hits + 1);
     assert_eq!(edgepool::stats().counters.large_allocs, large + 1);
-    assert_eq!(mine_bytes(), 3 * 2 * PAGE);
+    assert_eq!(mine_bytes(), 3 * 6 * PAGE);
     // A zeroed request served from the cache reads zero (the run held 0x5A).
-    let z = edgepool::raw::alloc_zeroed(2 * PAGE, 16);
-    // SAFETY: a live block of 2 pages.
+    let z = edgepool::raw::alloc_zeroed(6 * PAGE, 16);
+    // SAFETY: a live block of 6 pages.
     assert!(unsafe { std::slice::from_raw_parts(z, 2 * PAGE) }.iter().all(|&b| b == 0));
     // SAFETY: live, freed once.
     unsafe {
@@ -72,8 +73,8 @@ fn child_serves_and_bounded() {
         edgepool::raw::free(z);
     }
     // No more than SLOTS runs of one page count, no more than RUN_BYTES in all.
-    churn(3 * SLOTS, 2);
-    assert_eq!(mine_bytes(), SLOTS * 2 * PAGE, "the two-page bin not filled to SLOTS");
+    churn(3 * SLOTS, 6);
+    assert_eq!(mine_bytes(), SLOTS * 6 * PAGE, "the six-page bin not filled to SLOTS");
     churn(200, RUN_PAGES);
     assert!(mine_bytes() <= RUN_BYTES && mine_bytes() > RUN_BYTES - RUN_PAGES * PAGE, "{}", mine_bytes());
     assert_eq!(cached_total(), others + mine_bytes());
@@ -99,8 +100,8 @@ fn child_thread_exit_and_trim() {
     let others = start();
     // A thread that exits with a full cache leaves nothing cached.
     std::thread::spawn(|| {
-        churn(8, 3);
-        assert_eq!(mine_bytes(), 8 * 3 * PAGE);
+        churn(8, 7);
+        assert_eq!(mine_bytes(), 8 * 7 * PAGE);
     })
     .join()
     .unwrap();
@@ -109,22 +110,22 @@ fn child_thread_exit_and_trim() {
     let (to_main, from_worker) = std::sync::mpsc::channel();
     let (to_worker, from_main) = std::sync::mpsc::channel::<()>();
     let worker = std::thread::spawn(move || {
-        churn(8, 3);
+        churn(8, 7);
         to_main.send(mine_bytes()).unwrap();
         from_main.recv().unwrap();
-        let p = edgepool::raw::alloc(3 * PAGE, 16); // the cache is flushed first, then misses
+        let p = edgepool::raw::alloc(7 * PAGE, 16); // the cache is flushed first, then misses
         let left = mine_bytes();
         // SAFETY: live, freed once (cached again).
         unsafe { edgepool::raw::free(p) };
         (left, mine_bytes())
     });
-    assert_eq!(from_worker.recv().unwrap(), 8 * 3 * PAGE);
-    assert_eq!(cached_total(), others + 8 * 3 * PAGE);
+    assert_eq!(from_worker.recv().unwrap(), 8 * 7 * PAGE);
+    assert_eq!(cached_total(), others + 8 * 7 * PAGE);
     edgepool::trim();
     to_worker.send(()).unwrap();
     let (left, after) = worker.join().unwrap();
     assert_eq!(left, 0, "the worker's cache was not emptied after trim()");
-    assert_eq!(after, 3 * PAGE, "the worker's last free was not cached");
+    assert_eq!(after, 7 * PAGE, "the worker's last free was not cached");
     assert_eq!(cached_total(), others, "the worker's cache was not emptied at its exit");
 }
 
@@ -137,33 +138,33 @@ fn off_during_a_load_phase_and_empty_at_its_end() {
 #[ignore = "run by off_during_a_load_phase_and_empty_at_its_end in a child process"]
 fn child_phase() {
     let others = start();
-    churn(4, 2);
-    assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+    churn(4, 6);
+    assert_eq!(mine_bytes(), 4 * 6 * PAGE);
     let report = {
         let guard = edgepool::load_phase();
         // Inside the phase: frees go to the heap, and allocations do not take cached runs.
         let hits = edgepool::stats().counters.run_cache_hits;
-        churn(4, 1);
-        let p = edgepool::raw::alloc(2 * PAGE, 16);
+        churn(4, 5);
+        let p = edgepool::raw::alloc(6 * PAGE, 16);
         assert_eq!(edgepool::stats().counters.run_cache_hits, hits);
         // SAFETY: live, freed once.
         unsafe { edgepool::raw::free(p) };
-        assert_eq!(mine_bytes(), 4 * 2 * PAGE);
+        assert_eq!(mine_bytes(), 4 * 6 * PAGE);
         guard.finish()
     };
     assert_eq!(mine_bytes(), 0, "the phase's end leaves runs cached");
     assert_eq!(cached_total(), others);
     assert!(report.peak_bytes > 0);
     // Under a budget the cache is off too.
-    churn(2, 2);
-    assert_eq!(mine_bytes(), 2 * 2 * PAGE);
+    churn(2, 6);
+    assert_eq!(mine_bytes(), 2 * 6 * PAGE);
     edgepool::set_limit(1 << 30);
     assert_eq!(mine_bytes(), 0);
-    churn(2, 2);
+    churn(2, 6);
     assert_eq!(mine_bytes(), 0);
     edgepool::set_limit(0);
-    churn(2, 2);
-    assert_eq!(mine_bytes(), 2 * 2 * PAGE);
+    churn(2, 6);
+    assert_eq!(mine_bytes(), 2 * 6 * PAGE);
 }
 
 #[test]
@@ -176,6 +177,6 @@ fn off_in_the_hardened_mode() {
 fn child_secure() {
     // Freed runs go to the heap, to be purged and sealed: none waits accessible in a thread's cache.
     start();
-    churn(8, 2);
+    churn(8, 6);
     assert_eq!(mine_bytes(), 0);
 }

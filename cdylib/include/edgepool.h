@@ -61,7 +61,7 @@ struct edgepool_stats {
     uint64_t oom_refusals;           /* requests refused for lack of memory from the OS */
     uint64_t lock_contended;         /* lock acquisitions that found the lock taken (in practice the heap's) */
     uint64_t lock_wait_ns;           /* nanoseconds threads spent waiting for those locks */
-    uint64_t run_cache_hits;         /* large allocations (4-64 KiB) served from the thread's run cache */
+    uint64_t run_cache_hits;         /* large allocations (up to 64 KiB) served from the thread's run cache */
     uint64_t run_cache_bytes;        /* bytes of freed runs held in threads' run caches now */
     uint64_t os_mmap_calls;          /* the allocator's calls into the OS's memory map: mmap, */
     uint64_t os_munmap_calls;        /* munmap, */
