@@ -25,7 +25,9 @@
 //! - *on demand*: when an allocation must take clean memory (which faults new pages in) while the
 //!   dirty free bytes exceed the threshold, as much dirty memory is purged first as would take the
 //!   heap above its high-water mark since the last `trim()` or phase end (inside a load phase, all
-//!   of it), so freed memory waiting for reuse never raises the peak;
+//!   of it), so freed memory waiting for reuse never raises the peak; except that a process whose
+//!   purged memory keeps being faulted back in may keep up to `EDGEPOOL_REUSE_SLACK` percent of its
+//!   most bytes in use above the mark (see [`Inner::make_room`]);
 //! - *by decay*: dirty bytes beyond the threshold that wait `EDGEPOOL_PURGE_DELAY` milliseconds
 //!   without being reused (the low-water mark of the dirty bytes over that long, checked on every
 //!   heap operation; all of them after a pause that long) are purged; a delay of 0 purges at free;
@@ -103,6 +105,16 @@ struct Inner {
     /// or load phase's end, or the start: outside load phases, fresh pages below it are taken
     /// without purging ([`Inner::make_room`]).
     run_high: usize,
+    /// The high-water mark of [`Inner::in_use`] since the same moments: fresh pages up to
+    /// `reuse_slack` percent above it (as far as `refaulted - grown` allows) are taken without
+    /// purging either ([`Inner::make_room`]).
+    run_in_use_high: usize,
+    /// `EDGEPOOL_REUSE_SLACK`, in percent.
+    reuse_slack: usize,
+    /// Since the same moments: bytes of clean pages handed out that had been handed out before
+    /// (purged, and now faulted back in), and of pages never handed out (the heap growing).
+    refaulted: usize,
+    grown: usize,
     limit: usize,
     peak: usize,
     /// Bytes of live large blocks (runs handed out by `alloc_large`, at their pages).
@@ -209,6 +221,10 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     low_dirty: 0,
     last_op: 0,
     run_high: 0,
+    run_in_use_high: 0,
+    reuse_slack: 0,
+    refaulted: 0,
+    grown: 0,
     limit: 0,
     peak: 0,
     large_bytes: 0,
@@ -274,6 +290,7 @@ fn init_slow() -> bool {
         h.retain = st.opts.get(options::RETAIN) as usize;
         h.load_retain = st.opts.get(options::LOAD_RETAIN) as usize;
         h.purge_delay = st.opts.get(options::PURGE_DELAY).saturating_mul(1_000_000);
+        h.reuse_slack = st.opts.get(options::REUSE_SLACK).min(10_000) as usize;
         h.limit = st.opts.get(options::LIMIT) as usize;
         BUDGETED.store(h.limit != 0, Ordering::Relaxed);
         h.lazy = st.lazy;
@@ -420,7 +437,9 @@ impl Inner {
         if now > self.peak {
             self.peak = now;
         }
-        self.peak_in_use = self.peak_in_use.max(self.in_use());
+        let in_use = self.in_use();
+        self.peak_in_use = self.peak_in_use.max(in_use);
+        self.run_in_use_high = self.run_in_use_high.max(in_use);
         // The high-water mark rises only with memory that could not have been purged: blocks out
         // for purging count in `os_bytes` until they are put back clean, and while more dirty
         // memory than the threshold waits, a purge is still under way (batches take a few blocks at
@@ -538,7 +557,16 @@ impl Inner {
         if !phase_state::any_active() {
             // Outside load phases, fresh pages below the high-water mark since the last phase's end
             // raise no peak: memory waiting for reuse stays (decay returns what waits unused).
-            want = want.min(self.settled_bytes().saturating_sub(self.run_high));
+            // Above it, a process whose purged memory keeps being faulted back in (more bytes
+            // refaulted than grown since then: churn, not a heap growing as a model loads) keeps
+            // that excess, up to `REUSE_SLACK` percent of the most bytes in use since then: free
+            // memory in pieces smaller than the requests waits for requests that fit instead of
+            // being purged and faulted back in (the suite's `malloc_large`: 2.5x glibc's time with
+            // the high-water mark alone). A loading heap grows into fresh pages and keeps its peak.
+            let earned = self.refaulted.saturating_sub(self.grown);
+            let slack = (self.run_in_use_high / 100 * self.reuse_slack).min(earned);
+            let ceiling = self.run_high.max(self.run_in_use_high + slack);
+            want = want.min(self.settled_bytes().saturating_sub(ceiling));
         }
         if want > 0 {
             self.purge_soon(want, batch);
@@ -673,6 +701,11 @@ impl Inner {
             // Pages not resident yet will be faulted in.
             let fresh = bytes.saturating_sub(self.buddy.taken_dirty as usize * PAGE);
             if fresh > 0 {
+                if flags & USED != 0 {
+                    self.refaulted += fresh;
+                } else {
+                    self.grown += fresh;
+                }
                 self.make_room(fresh, batch);
             }
             if self.limit != 0 && self.os_bytes() > self.limit {
@@ -1059,6 +1092,9 @@ pub fn trim() -> usize {
         // The high-water mark that on-demand purging keeps starts again from here (a load phase's
         // end comes through here too).
         h.run_high = h.settled_bytes();
+        h.run_in_use_high = h.in_use();
+        h.refaulted = 0;
+        h.grown = 0;
         purged
     })
 }

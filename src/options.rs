@@ -49,9 +49,10 @@ pub const CURVE: usize = 13;
 pub const CURVE_MS: usize = 14;
 pub const DEBUG: usize = 15;
 pub const PROFILE: usize = 16;
+pub const REUSE_SLACK: usize = 17;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 17] = [
+pub const OPTIONS: [OptionDef; 18] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -115,7 +116,7 @@ pub const OPTIONS: [OptionDef; 17] = [
     OptionDef {
         name: "PURGE_DELAY",
         kind: Kind::Size,
-        default: 10,
+        default: 250,
         description: "milliseconds that free memory beyond RETAIN may stay resident, waiting for reuse, before it goes back to the OS (0 = at once)",
     },
     OptionDef {
@@ -153,6 +154,12 @@ pub const OPTIONS: [OptionDef; 17] = [
         kind: Kind::Bool,
         default: 0,
         description: "(a library built with the `debug` feature) sizing advice: count requests by size and the peak live blocks of each class; at exit, print the waste of today's size classes, the classes with the least waste for this run, and the pools that would have held its peak with 1.2x headroom",
+    },
+    OptionDef {
+        name: "REUSE_SLACK",
+        kind: Kind::Size,
+        default: 25,
+        description: "percent: outside load phases, free memory waiting for reuse may hold the heap up to this far above the most bytes in use since the last trim() or phase end before fresh memory makes it go back to the OS, as far as the process earned it by faulting purged memory back in (0 = never above the heap's own high-water mark)",
     },
 ];
 

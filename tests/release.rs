@@ -147,7 +147,8 @@ fn child_phase_no_decay() {
 #[test]
 fn fresh_memory_is_taken_only_after_waiting_memory_is_purged() {
     // No decay at all: only the on-demand purge can give memory back.
-    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000")]);
+    // No slack above the bytes in use either (see `a_churning_process_keeps_free_memory_...`).
+    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "0")]);
 }
 
 #[test]
@@ -179,9 +180,60 @@ fn child_on_demand() {
 }
 
 #[test]
+fn a_churning_process_keeps_free_memory_within_the_reuse_slack() {
+    // Decay after 300 ms (the churn below waits it out; the rest fits in one window even in a debug
+    // build). A slack of 25 % (the default).
+    common::run_child("child_reuse_slack", &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "25")]);
+}
+
+#[test]
+#[ignore = "run by a_churning_process_keeps_free_memory_within_the_reuse_slack in a child process"]
+fn child_reuse_slack() {
+    edgepool::trim();
+    // Churn: 96 MiB of 1 MiB blocks, freed, left to decay back to the OS, and allocated again
+    // (faulted back in), twice: more bytes faulted back in than the heap grew by.
+    let mut v = resident_blocks(96);
+    for _ in 0..2 {
+        drop(v);
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        drop(std::hint::black_box(vec![1u8; 300 << 10]));
+        v = resident_blocks(96);
+    }
+    let s = edgepool::stats();
+    assert!(s.counters.purged_bytes >= 2 * 80 * MIB, "the churn did not decay: {s:?}");
+    // Every other block freed: 48 MiB of resident holes that no 8 MiB request fits in.
+    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
+    for slot in v.iter_mut().step_by(2) {
+        *slot = None;
+    }
+    let before = edgepool::stats();
+    assert!(before.dirty_free_bytes >= 40 * MIB, "{before:?}");
+    // Fresh 8 MiB blocks up to a quarter above the 96 MiB in use at the peak: nothing is purged,
+    // the holes wait for reuse (48 MiB in use + 48 MiB of holes + the new blocks).
+    let mut big = vec![vec![7u8; 8 * MIB], vec![7u8; 8 * MIB]];
+    let within = edgepool::stats();
+    assert_eq!(within.counters.purged_bytes, before.counters.purged_bytes, "purged within the slack: {within:?}");
+    // Beyond it, fresh memory makes room first: 24 MiB more would take the heap past 120 MiB.
+    big.extend((0..3).map(|_| vec![8u8; 8 * MIB]));
+    let beyond = edgepool::stats();
+    assert!(beyond.counters.purged_bytes > within.counters.purged_bytes, "{beyond:?}");
+    assert!(beyond.os_bytes <= 96 * MIB / 4 * 5 + 4 * MIB, "above the slack: {beyond:?}");
+    assert!(big.iter().all(|b| b.iter().all(|&x| x == 7 || x == 8)));
+    drop((v, big));
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
+fn a_growing_heap_earns_no_reuse_slack() {
+    // As `fresh_memory_is_taken_only_after_waiting_memory_is_purged`, with the default slack: a heap
+    // that only grew (nothing purged was faulted back in) keeps its high-water mark.
+    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "25")]);
+}
+
+#[test]
 fn below_the_high_water_mark_fresh_memory_is_taken_without_purging() {
     // A delay long enough for a debug build's steps to fit in one window.
-    common::run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300")]);
+    common::run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "0")]);
 }
 
 #[test]
