@@ -65,8 +65,8 @@ pub mod raw {
     pub use crate::global::{alloc, alloc_zeroed, free, realloc, usable_size};
 }
 
-/// The per-thread cache of freed medium runs (large blocks of up to 64 KiB, above the slab classes): its bounds, and what the
-/// calling thread holds (for tests and tools).
+/// The per-thread cache of freed medium runs (large blocks of up to 64 KiB, above the slab
+/// classes): its bounds, and what the calling thread holds (for tests and tools).
 pub mod run_cache {
     pub use crate::cache::runs::{mine_bytes, RUN_BYTES, RUN_PAGES, SLOTS};
 }

@@ -1,12 +1,13 @@
-//! The per-thread cache of medium runs: large blocks of 1 to [`RUN_PAGES`] pages (4–64 KiB) that the
+//! The per-thread cache of medium runs: large blocks of 1 to [`RUN_PAGES`] pages (up to 64 KiB; since
+//! the medium slab classes, 16–64 KiB, or smaller ones asked with an alignment above 4 KiB) that the
 //! thread freed recently, kept to serve its next requests of the same page count without the heap's
 //! lock.
 //!
-//! Why: requests just above the small classes (4–16 KiB is common: buffers, hash tables, strings
-//! being built) otherwise take the one heap lock twice per block, and a free run that goes back to the
-//! heap dirty is purged and faulted in again when the heap's dirty bytes run over the threshold. On the
-//! suite's producer/consumer ring (`benches/suite/rptest.c`: three quarters 4–16 KiB, half freed by
-//! another thread) that was 530k purges and 11 s of system time for 1.2 M blocks.
+//! Why: requests just above the slab classes otherwise take the one heap lock twice per block, and a
+//! free run that goes back to the heap dirty is purged and faulted in again when the heap's dirty
+//! bytes run over the threshold. On the suite's producer/consumer ring (`benches/suite/rptest.c`:
+//! three quarters 4–16 KiB, half freed by another thread, before those sizes became slab classes)
+//! that was 530k purges and 11 s of system time for 1.2 M blocks.
 //!
 //! Bounds: [`SLOTS`] runs per page count and [`RUN_BYTES`] in all per thread; a free that finds its
 //! bin full, or the bytes at their bound, goes to the heap. A cached run stays *allocated* in the
