@@ -15,6 +15,8 @@
 //! Large blocks are *runs* of whole pages: a request takes the smallest buddy block that holds it and
 //! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
 //! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
+//! When no free block with resident pages is large enough, a run may also span free blocks that lie
+//! end to end (see `Buddy::alloc_run`), so the pages a freed run leaves behind serve the next one.
 //!
 //! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes blocks with dirty
 //! pages before clean ones, so a freed temporary is reused without page faults. Free blocks merge
