@@ -331,13 +331,14 @@ impl Buddy {
     ///
     /// Resident memory comes first: the smallest block with a dirty page that fits, and only when
     /// there is none the smallest clean one; a split keeps the half with more dirty pages. Reusing
-    /// a dirty page costs no page fault and adds nothing to the resident set.
+    /// a dirty page costs no page fault and adds nothing to the resident set. Within the list, the
+    /// lowest address of its first few blocks ([`Buddy::lowest_of`]).
     fn take(&mut self, order: u32) -> Option<(u32, u8)> {
         let (l, mut o) = match self.smallest(1, order) {
             Some(o) => (1, o),
             None => (0, self.smallest(0, order)?),
         };
-        let mut idx = self.heads[l][(o - MIN_ORDER) as usize];
+        let mut idx = self.lowest_of(self.heads[l][(o - MIN_ORDER) as usize]);
         // SAFETY: idx is a free head below frontier.
         let flags = unsafe { self.entry(idx).flags } & (USED | SEALED);
         self.unlink(idx);
@@ -352,6 +353,28 @@ impl Buddy {
             }
         }
         Some((idx, flags))
+    }
+
+    /// The block at the lowest address among the first `LOWEST_OF` of the free list that starts at
+    /// `idx` (not `NIL`). Taking low blocks first keeps the heap's live blocks packed at its low end
+    /// and lets freed blocks above them merge and wait together, where taking the most recently freed
+    /// block (a list's head) scatters long-lived blocks over the whole heap. Measured on the suite's
+    /// `mstress` (random sizes up to 1 MiB, threads replaced), with the spanning runs: page faults
+    /// 391k → 51k–166k and 1.6–1.9 s → 0.5–1.1 s (four and five alternating runs); with the lowest
+    /// address for large runs only, 232k–279k. A bounded scan, not an address-ordered structure:
+    /// 32 list entries at most, and a list is rarely longer.
+    fn lowest_of(&self, mut idx: u32) -> u32 {
+        const LOWEST_OF: usize = 32;
+        let mut best = idx;
+        for _ in 0..LOWEST_OF {
+            if idx == NIL {
+                break;
+            }
+            best = best.min(idx);
+            // SAFETY: idx is a member of a free list, so a free head below frontier.
+            idx = unsafe { self.entry(idx).next };
+        }
+        best
     }
 
     /// Takes a block of `order` and marks its head `kind`. Returns its page index and its flags
