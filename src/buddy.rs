@@ -1146,6 +1146,21 @@ mod tests {
     }
 
     #[test]
+    fn the_lowest_address_of_a_list_is_taken_first() {
+        with_buddy(16, 1, |b| {
+            let got: Vec<u32> = (0..4).map(|_| b.alloc(12, META).unwrap().0).collect();
+            assert_eq!(got, [0, 1, 2, 3]);
+            // Page 0 freed first, then page 2: the list's head is 2 (neither merges: 1 and 3 are
+            // taken), and the next allocation takes 0 all the same.
+            free(b, 0, 12, DIRTY);
+            free(b, 2, 12, DIRTY);
+            assert_eq!(b.alloc(12, META).unwrap().0, 0);
+            assert_eq!(b.alloc(12, META).unwrap().0, 2);
+            b.check().unwrap();
+        });
+    }
+
+    #[test]
     fn freed_head_merged_downwards_is_not_left_marked() {
         with_buddy(14, 1, |b| {
             let (lo, _) = b.alloc(12, SLAB).unwrap();
