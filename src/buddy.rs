@@ -511,20 +511,33 @@ impl Buddy {
                 lo = h;
             }
         }
+        // SAFETY: `[lo, idx + pages(order))` is ours: the block just taken at `idx` and, where the run
+        // slid down, the free blocks below it unlinked above (or, placed at the block's end, the
+        // pages below `lo` went back and `lo + n` is the block's end); `n <= pages(order)`, so the
+        // run ends inside it. The pages' bits are as they were; all below frontier.
+        Some(unsafe { self.make_run(lo, n, idx + pages(order), order, flags) })
+    }
+
+    /// Makes `[lo, lo + n)` a run (head `LARGE` with `next = n`, its dirty bits cleared and counted
+    /// in [`Buddy::taken_dirty`]) and gives `[lo + n, end)` back as free blocks with `flags`. Returns
+    /// the run as [`Buddy::alloc_run`] does.
+    ///
+    /// # Safety
+    /// - the pages `[lo, end)` are below frontier, on no free list and the caller's (taken off the
+    ///   lists for this run), their dirty bits saying which are dirty; `lo + n <= end`.
+    unsafe fn make_run(&mut self, lo: u32, n: u32, end: u32, order: u32, flags: u8) -> (u32, u8) {
         let d = self.set_dirty(lo, n, false);
         self.taken_dirty = d;
-        // SAFETY: the run `[lo, lo + n)` is ours: pages of the block just taken at `idx` and, where
-        // it slid down, of the free blocks below it unlinked above (or, placed at the block's end,
-        // `lo + n` is the block's end). It ends inside `[lo, idx + pages(order))` (`n <= pages(order)`),
-        // and the pages beyond it are ours to give back, their bits as they were. All below frontier.
+        self.set_head(lo, PageKind::Large, order, 0);
+        // SAFETY: the caller's contract: the pages beyond the run are ours to give back, below
+        // frontier, their bits as they were.
         unsafe {
-            self.set_head(lo, PageKind::Large, order, 0);
-            if lo + n < idx + pages(order) {
-                self.merge_range(lo + n, idx + pages(order), flags);
+            if lo + n < end {
+                self.merge_range(lo + n, end, flags);
             }
             self.entry_mut(lo).next = n;
         }
-        Some((lo, if d > 0 { flags | DIRTY | USED } else { flags }))
+        (lo, if d > 0 { flags | DIRTY | USED } else { flags })
     }
 
     /// A run of `n` pages (needing a block of `order`, of which no dirty one is free) made of free
@@ -567,8 +580,8 @@ impl Buddy {
         None
     }
 
-    /// Takes the free blocks that tile `[lo, end)` off the lists, makes `[lo, lo + n)` a run (head
-    /// `LARGE`, `next = n`) and gives `[lo + n, end)` back. Returns the run as [`Buddy::alloc_run`].
+    /// Takes the free blocks that tile `[lo, end)` off the lists and makes `[lo, lo + n)` a run of
+    /// them ([`Buddy::make_run`]), giving `[lo + n, end)` back.
     fn take_span(&mut self, lo: u32, end: u32, n: u32, order: u32) -> (u32, u8) {
         let mut flags = 0;
         let mut i = lo;
@@ -580,18 +593,9 @@ impl Buddy {
             self.unlink(i);
             i += pages(e.order as u32);
         }
-        let d = self.set_dirty(lo, n, false);
-        self.taken_dirty = d;
-        self.set_head(lo, PageKind::Large, order, 0);
-        // SAFETY: the blocks tiling `[lo, end)` were unlinked above, so the pages beyond the run are
-        // ours to give back, their bits as they were; below frontier.
-        unsafe {
-            if lo + n < end {
-                self.merge_range(lo + n, end, flags);
-            }
-            self.entry_mut(lo).next = n;
-        }
-        (lo, if d > 0 { flags | DIRTY | USED } else { flags })
+        // SAFETY: the blocks tiling `[lo, end)` were unlinked above, so its pages are ours, below
+        // frontier, their bits as they were; `n <= end - lo` (`span_run`).
+        unsafe { self.make_run(lo, n, end, order, flags) }
     }
 
     /// Number of pages of the allocated run whose head is `idx`.
