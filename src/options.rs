@@ -50,9 +50,10 @@ pub const CURVE_MS: usize = 14;
 pub const DEBUG: usize = 15;
 pub const PROFILE: usize = 16;
 pub const REUSE_SLACK: usize = 17;
+pub const RETAIN_PERCENT: usize = 18;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 18] = [
+pub const OPTIONS: [OptionDef; 19] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -160,6 +161,12 @@ pub const OPTIONS: [OptionDef; 18] = [
         kind: Kind::Size,
         default: 25,
         description: "percent: outside load phases, free memory waiting for reuse may hold the heap up to this far above the most bytes in use since the last trim() or phase end before fresh memory makes it go back to the OS, as far as the process earned it by faulting purged memory back in (0 = never above the heap's own high-water mark)",
+    },
+    OptionDef {
+        name: "RETAIN_PERCENT",
+        kind: Kind::Size,
+        default: 50,
+        description: "percent: outside load phases, free heap memory kept resident for reuse may also reach this share of the heap's bytes in use (the larger of the two with RETAIN)",
     },
 ];
 

@@ -148,7 +148,11 @@ fn child_phase_no_decay() {
 fn fresh_memory_is_taken_only_after_waiting_memory_is_purged() {
     // No decay at all: only the on-demand purge can give memory back.
     // No slack above the bytes in use either (see `a_churning_process_keeps_free_memory_...`).
-    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "0")]);
+    // Nor the share of the bytes in use kept for a churning process (`EDGEPOOL_RETAIN_PERCENT`).
+    common::run_child(
+        "child_on_demand",
+        &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "0"), ("EDGEPOOL_RETAIN_PERCENT", "0")],
+    );
 }
 
 #[test]
@@ -183,7 +187,11 @@ fn child_on_demand() {
 fn a_churning_process_keeps_free_memory_within_the_reuse_slack() {
     // Decay after 300 ms (the churn below waits it out; the rest fits in one window even in a debug
     // build). A slack of 25 % (the default).
-    common::run_child("child_reuse_slack", &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "25")]);
+    // Without the share of the bytes in use that a churning process keeps (tested on its own below).
+    common::run_child(
+        "child_reuse_slack",
+        &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "25"), ("EDGEPOOL_RETAIN_PERCENT", "0")],
+    );
 }
 
 #[test]
@@ -227,13 +235,64 @@ fn child_reuse_slack() {
 fn a_growing_heap_earns_no_reuse_slack() {
     // As `fresh_memory_is_taken_only_after_waiting_memory_is_purged`, with the default slack: a heap
     // that only grew (nothing purged was faulted back in) keeps its high-water mark.
-    common::run_child("child_on_demand", &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "25")]);
+    common::run_child(
+        "child_on_demand",
+        &[("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "25"), ("EDGEPOOL_RETAIN_PERCENT", "0")],
+    );
+}
+
+#[test]
+fn a_churning_process_keeps_free_memory_up_to_half_its_bytes_in_use() {
+    // No decay and no reuse slack: only the retained share decides. The default share (50 %), then
+    // none, where the same steps purge.
+    let only = [("EDGEPOOL_PURGE_DELAY", "100000000"), ("EDGEPOOL_REUSE_SLACK", "0")];
+    common::run_child("child_retain_percent", &only);
+    common::run_child("child_retain_percent", &[only[0], only[1], ("EDGEPOOL_RETAIN_PERCENT", "0")]);
+}
+
+#[test]
+#[ignore = "run by a_churning_process_keeps_free_memory_up_to_half_its_bytes_in_use in a child process"]
+fn child_retain_percent() {
+    let percent = edgepool::options().get(edgepool::options::RETAIN_PERCENT);
+    let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
+    edgepool::trim();
+    // Churn: 96 MiB of 1 MiB blocks allocated and freed three times over the same memory: the
+    // process reused far more freed memory than the heap grew by.
+    let mut v = resident_blocks(96);
+    for _ in 0..3 {
+        drop(v);
+        v = resident_blocks(96);
+    }
+    // Every third block freed: 32 MiB of resident holes that no 16 MiB request fits in, with
+    // 64 MiB in use. A fresh 16 MiB block takes the heap above its high-water mark.
+    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
+    for slot in v.iter_mut().step_by(3) {
+        *slot = None;
+    }
+    let before = edgepool::stats();
+    assert!(before.dirty_free_bytes >= 30 * MIB && before.dirty_free_bytes > retain, "{before:?}");
+    let big = vec![7u8; 16 * MIB];
+    let after = edgepool::stats();
+    if percent == 0 {
+        // Only RETAIN stays: the holes make room for the fresh block.
+        assert!(after.counters.purged_bytes >= before.counters.purged_bytes + 15 * MIB, "{after:?}");
+    } else {
+        // 32 MiB waiting is within half of the 80 MiB in use: nothing is purged.
+        assert_eq!(after.counters.purged_bytes, before.counters.purged_bytes, "purged within the share: {after:?}");
+        assert!(after.dirty_free_bytes >= before.dirty_free_bytes - MIB, "{after:?}");
+    }
+    assert!(big.iter().all(|&b| b == 7));
+    drop((v, big));
+    edgepool::check_heap().unwrap();
 }
 
 #[test]
 fn below_the_high_water_mark_fresh_memory_is_taken_without_purging() {
     // A delay long enough for a debug build's steps to fit in one window.
-    common::run_child("child_below_high_water", &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "0")]);
+    common::run_child(
+        "child_below_high_water",
+        &[("EDGEPOOL_PURGE_DELAY", "300"), ("EDGEPOOL_REUSE_SLACK", "0"), ("EDGEPOOL_RETAIN_PERCENT", "0")],
+    );
 }
 
 #[test]
