@@ -166,7 +166,7 @@ pub const OPTIONS: [OptionDef; 19] = [
         name: "RETAIN_PERCENT",
         kind: Kind::Size,
         default: 50,
-        description: "percent: outside load phases, free heap memory kept resident for reuse may also reach this share of the heap's bytes in use (the larger of the two with RETAIN)",
+        description: "percent: outside load phases, fresh memory makes a process that churns (one that reused more freed memory than its heap grew by) give back only the free memory beyond this share of its bytes in use, or beyond RETAIN if more; decay still returns what waits unused beyond RETAIN",
     },
 ];
 

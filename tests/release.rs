@@ -287,6 +287,38 @@ fn child_retain_percent() {
 }
 
 #[test]
+fn the_share_kept_for_churn_still_decays_when_unused() {
+    common::run_child("child_retain_percent_decays", &[("EDGEPOOL_PURGE_DELAY", "200"), ("EDGEPOOL_REUSE_SLACK", "0")]);
+}
+
+#[test]
+#[ignore = "run by the_share_kept_for_churn_still_decays_when_unused in a child process"]
+fn child_retain_percent_decays() {
+    let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
+    edgepool::trim();
+    // As `child_retain_percent`: a process that churned, 32 MiB of holes, 64 MiB in use.
+    let mut v = resident_blocks(96);
+    for _ in 0..3 {
+        drop(v);
+        v = resident_blocks(96);
+    }
+    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
+    for slot in v.iter_mut().step_by(3) {
+        *slot = None;
+    }
+    assert!(edgepool::stats().dirty_free_bytes >= 30 * MIB);
+    // Left unused for longer than the delay, the holes go back down to RETAIN: the share only
+    // spares them from fresh memory's purges.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(std::hint::black_box(vec![1u8; 300 << 10]));
+    // (The block that triggered it is free again, and dirty, after the purge: one MiB of slack.)
+    let s = edgepool::stats();
+    assert!(s.dirty_free_bytes <= retain + MIB, "{} dirty, retain {retain}", s.dirty_free_bytes);
+    drop(v);
+    edgepool::check_heap().unwrap();
+}
+
+#[test]
 fn below_the_high_water_mark_fresh_memory_is_taken_without_purging() {
     // A delay long enough for a debug build's steps to fit in one window.
     common::run_child(
