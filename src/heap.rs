@@ -36,10 +36,9 @@
 //! - *at once*: `trim()`, and the end of a load phase, purge everything free.
 //!
 //! The threshold is `EDGEPOOL_RETAIN`, or `EDGEPOOL_LOAD_RETAIN` while a load phase is open.
-//! Outside load phases, fresh memory makes a process that churns purge less: up to
-//! `EDGEPOOL_RETAIN_PERCENT` of its bytes in use stays, as far as it reused more freed memory (and
-//! faulted purged memory back in) than the heap grew by since the last `trim()` or phase end (see
-//! [`Inner::keep_on_demand`]); decay still returns what waits unused beyond the threshold.
+//! Outside load phases, a process that churns keeps more: up to `EDGEPOOL_RETAIN_PERCENT` of its
+//! bytes in use, as far as it reused more freed memory (and faulted purged memory back in) than the
+//! heap grew by since the last `trim()` or phase end (see [`Inner::retain_now`]).
 
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -459,7 +458,7 @@ impl Inner {
         // memory than the threshold waits, a purge is still under way (batches take a few blocks at
         // a time).
         let settled = self.settled_bytes();
-        if settled > self.run_high && self.buddy.dirty_bytes <= self.keep_on_demand() {
+        if settled > self.run_high && self.buddy.dirty_bytes <= self.retain_now() {
             self.run_high = settled;
         }
     }
@@ -528,31 +527,27 @@ impl Inner {
 
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
     /// At least the bytes [`prefault_free`] warmed.
-    fn retain_now(&self) -> usize {
-        let keep = if phase_state::any_active() { self.load_retain } else { self.retain };
-        keep.max(self.warm)
-    }
-
-    /// Dirty free bytes that fresh memory does not make go back to the OS ([`Inner::make_room`]):
-    /// [`Inner::retain_now`], and outside load phases up to `RETAIN_PERCENT` of the bytes in use, as
-    /// far as the process earned it: bytes of freed memory reused and of purged memory faulted back
-    /// in, beyond the bytes the heap grew by, since the last `trim()` or phase end. Decay still
-    /// returns what waits unused beyond `retain_now`.
     ///
-    /// A churning process (the suite's `mstress`: random sizes up to 1 MiB, threads replaced) has
-    /// its free memory in pieces that the next requests fit soon after: with RETAIN alone it purged
-    /// them whenever fresh memory took the heap to a new high and faulted them back in (80–170k page
-    /// faults a run, tcmalloc 35k; with this, 35–40k). A heap growing as a model loads reuses less
-    /// than it grows and keeps RETAIN (onnxruntime loading a 140 MB U-Net without a phase: 394.7 MiB
-    /// peak either way; with the share granted unearned, 496.5). Decay is left to `retain_now`: a
-    /// process that stops churning goes back to RETAIN once its free memory has waited unused.
-    fn keep_on_demand(&self) -> usize {
-        let keep = self.retain_now();
-        if phase_state::any_active() {
-            return keep;
-        }
-        let earned = (self.refaulted + self.reused).saturating_sub(self.grown);
-        keep.max((self.in_use() / 100 * self.retain_percent).min(earned))
+    /// Outside load phases, also up to `RETAIN_PERCENT` of the bytes in use, as far as the process
+    /// earned it: bytes of freed memory reused and of purged memory faulted back in, beyond the bytes
+    /// the heap grew by, since the last `trim()` or phase end. A churning process has its free memory
+    /// in pieces that the next requests fit soon after. The suite's `mstress` (random sizes up to
+    /// 1 MiB, threads replaced), with RETAIN alone, purged them whenever fresh memory took the heap to
+    /// a new high and faulted them back in (80–170k page faults a run, tcmalloc 35k; with the share,
+    /// 32–40k); `malloc_large` (64 KiB–32 MiB blocks in a loop) purged mostly by decay (with the
+    /// share kept from fresh memory's purges only, 281–353k page faults and 1.5–1.8 s; kept from
+    /// decay too, 139–155k and 0.9–1.1 s). A heap growing as a model loads reuses less than it grows
+    /// and keeps RETAIN (onnxruntime loading a 140 MB U-Net without a phase: 394.7 MiB peak either
+    /// way; with the share granted unearned, 496.5). What a churning process keeps stays until
+    /// `trim()` or a phase's end, as glibc and tcmalloc keep theirs.
+    fn retain_now(&self) -> usize {
+        let keep = if phase_state::any_active() {
+            self.load_retain
+        } else {
+            let earned = (self.refaulted + self.reused).saturating_sub(self.grown);
+            self.retain.max((self.in_use() / 100 * self.retain_percent).min(earned))
+        };
+        keep.max(self.warm)
     }
 
     /// Purges `want` bytes of dirty free memory, smallest blocks first: takes them out of the free
@@ -585,7 +580,7 @@ impl Inner {
     /// reuse until decay returns it. (`malloc_large` of the suite: 9.1k purges and 2.45 M page
     /// faults before, 5.6k and 1.69 M after; peaks within the spread between runs.)
     fn make_room(&mut self, bytes: usize, batch: &mut PurgeBatch) {
-        let keep = self.keep_on_demand();
+        let keep = self.retain_now();
         if self.buddy.dirty_bytes <= keep {
             return;
         }

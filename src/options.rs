@@ -166,7 +166,7 @@ pub const OPTIONS: [OptionDef; 19] = [
         name: "RETAIN_PERCENT",
         kind: Kind::Size,
         default: 50,
-        description: "percent: outside load phases, fresh memory makes a process that churns (one that reused more freed memory than its heap grew by) give back only the free memory beyond this share of its bytes in use, or beyond RETAIN if more; decay still returns what waits unused beyond RETAIN",
+        description: "percent: outside load phases, a process that churns (one that reused more freed memory than its heap grew by) keeps free memory resident up to this share of its bytes in use, when that is more than RETAIN, until trim() or a phase's end",
     },
 ];
 
