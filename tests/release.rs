@@ -241,6 +241,23 @@ fn a_growing_heap_earns_no_reuse_slack() {
     );
 }
 
+/// From a trimmed heap: 96 MiB of 1 MiB blocks allocated and freed three times over the same memory
+/// (the process reused far more freed memory than the heap grew by), then every third block freed:
+/// 32 MiB of resident holes that no 16 MiB request fits in, with 64 MiB in use.
+fn churned_holes() -> Vec<Option<Vec<u8>>> {
+    edgepool::trim();
+    let mut v = resident_blocks(96);
+    for _ in 0..3 {
+        drop(v);
+        v = resident_blocks(96);
+    }
+    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
+    for slot in v.iter_mut().step_by(3) {
+        *slot = None;
+    }
+    v
+}
+
 #[test]
 fn a_churning_process_keeps_free_memory_up_to_half_its_bytes_in_use() {
     // No decay and no reuse slack: only the retained share decides. The default share (50 %), then
@@ -255,20 +272,8 @@ fn a_churning_process_keeps_free_memory_up_to_half_its_bytes_in_use() {
 fn child_retain_percent() {
     let percent = edgepool::options().get(edgepool::options::RETAIN_PERCENT);
     let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
-    edgepool::trim();
-    // Churn: 96 MiB of 1 MiB blocks allocated and freed three times over the same memory: the
-    // process reused far more freed memory than the heap grew by.
-    let mut v = resident_blocks(96);
-    for _ in 0..3 {
-        drop(v);
-        v = resident_blocks(96);
-    }
-    // Every third block freed: 32 MiB of resident holes that no 16 MiB request fits in, with
-    // 64 MiB in use. A fresh 16 MiB block takes the heap above its high-water mark.
-    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
-    for slot in v.iter_mut().step_by(3) {
-        *slot = None;
-    }
+    let v = churned_holes();
+    // A fresh 16 MiB block takes the heap above its high-water mark.
     let before = edgepool::stats();
     assert!(before.dirty_free_bytes >= 30 * MIB && before.dirty_free_bytes > retain, "{before:?}");
     let big = vec![7u8; 16 * MIB];
@@ -295,17 +300,7 @@ fn the_share_kept_for_churn_outlasts_decay_and_goes_at_trim() {
 #[ignore = "run by the_share_kept_for_churn_outlasts_decay_and_goes_at_trim in a child process"]
 fn child_retain_percent_decay() {
     let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
-    edgepool::trim();
-    // As `child_retain_percent`: a process that churned, 32 MiB of holes, 64 MiB in use.
-    let mut v = resident_blocks(96);
-    for _ in 0..3 {
-        drop(v);
-        v = resident_blocks(96);
-    }
-    let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
-    for slot in v.iter_mut().step_by(3) {
-        *slot = None;
-    }
+    let v = churned_holes();
     let before = edgepool::stats().dirty_free_bytes;
     assert!(before >= 30 * MIB);
     // Unused for longer than the delay, the holes stay: within half the bytes in use.
