@@ -52,6 +52,69 @@ const REQUIRED: &[&str] = &[
     "edgepool_load_end",
 ];
 
+/// `(address, size)` of the section `name` of the ELF file `so`, from `readelf -SW`.
+fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
+    let out = Command::new("readelf").arg("-SW").arg(so).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        // "  [15] .text.edgepool    PROGBITS        000000000001a4a0 0194a0 01784c 00  AX ..."
+        let rest = l.split_once(']')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        (f.first() == Some(&name))
+            .then(|| Some((u64::from_str_radix(f[2], 16).ok()?, u64::from_str_radix(f[4], 16).ok()?)))?
+    })
+}
+
+/// What a process keeps resident of the library's code (cdylib/build.rs, cdylib/link/layout.ld): the
+/// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; and the pages a C program touches
+/// lie within edgepool's own section at the front of the text, plus at most the 64 KiB that the
+/// kernel maps around a touched page. Before the layout, std's argv hook (run at load) and the PLT
+/// behind the `atexit`/`pthread_atfork` stubs sat among std's panic machinery at the far end of the
+/// text, and 88 KiB of it were resident in every process.
+#[test]
+fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
+    let so = lib();
+    let eh = Command::new("cc").arg("-print-file-name=libgcc_eh.a").output().unwrap();
+    let eh = PathBuf::from(String::from_utf8_lossy(&eh.stdout).trim());
+    let dynamic = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
+    let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+    if eh.is_absolute() && eh.is_file() {
+        assert!(
+            !dynamic.contains("libgcc_s"),
+            "libedgepool.so needs libgcc_s although {} exists:\n{dynamic}",
+            eh.display()
+        );
+    }
+    let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
+    assert!(!String::from_utf8_lossy(&nm.stdout).contains("_Unwind_"), "the linked-in unwinder is exported");
+
+    let (start, size) = section(&so, ".text.edgepool").expect("no .text.edgepool section: the layout was not applied");
+    let (_, rest) = section(&so, ".text").expect(".text");
+    assert!(rest > 2 * size, "the rest of the text ({rest} bytes) should be most of it (edgepool's: {size})");
+    let limit = start + size + 64 * 1024;
+    let dir = tmp_dir("resident");
+    let exe = dir.join("resident");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/resident.c"), &exe, &["-pthread"]);
+    let out = run_with(&mut Command::new(&exe), true, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let pages: Vec<u64> =
+        text.lines().filter_map(|l| u64::from_str_radix(l.strip_prefix("resident 0x")?, 16).ok()).collect();
+    assert!(!pages.is_empty(), "no resident code page found: {text}");
+    let beyond: Vec<String> = pages.iter().filter(|&&a| a >= limit).map(|a| format!("{a:#x}")).collect();
+    assert!(
+        beyond.is_empty(),
+        "pages of the library's code beyond edgepool's section (ends {:#x}) + 64 KiB are resident: {beyond:?}",
+        start + size
+    );
+    eprintln!(
+        "{} code pages resident; edgepool's section {:#x}..{:#x}, the rest {rest} bytes",
+        pages.len(),
+        start,
+        start + size
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn link_gate_exports_and_tls_model() {
     let so = lib();

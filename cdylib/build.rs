@@ -1,0 +1,55 @@
+//! How `libedgepool.so` is linked, for what it costs every process that preloads it in resident
+//! memory (README, "What the library costs a process"). Two steps, each skipped where it does not
+//! apply, and both off with `EDGEPOOL_PLAIN_LINK=1`:
+//!
+//! 1. **The unwinder linked in.** Rust's standard library asks for `-lgcc_s`, so the library needs
+//!    `libgcc_s.so.1`: one more shared object mapped and relocated in every process (about 100 KiB
+//!    resident), for code that only runs if a panic unwinds, which the allocator never does. Where
+//!    the C compiler has `libgcc_eh.a` (the same unwinder, built for static linking), a copy named
+//!    `libgcc_s.a` in a directory searched first makes the linker take it instead. Its symbols stay
+//!    local: a cdylib exports only its `#[no_mangle]` functions.
+//! 2. **The text layout** (`link/layout.ld`): edgepool's code, the code that runs when the library is
+//!    loaded, and the PLT go first in the text, away from the standard library's panic and backtrace
+//!    machinery. See that file.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=link/layout.ld");
+    println!("cargo:rerun-if-env-changed=EDGEPOOL_PLAIN_LINK");
+    println!("cargo:rerun-if-env-changed=CC");
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let target_env = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    if os != "linux" || target_env != "gnu" || env::var("EDGEPOOL_PLAIN_LINK").is_ok_and(|v| v == "1") {
+        return;
+    }
+    static_unwinder();
+    let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let script = dir.join("link").join("layout.ld");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+}
+
+/// Step 1: `libgcc_s.a` (a copy of the C compiler's `libgcc_eh.a`) in `OUT_DIR`, searched first.
+fn static_unwinder() {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let Ok(out) = Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output() else {
+        println!("cargo:warning=edgepool: `{cc}` not found; libedgepool.so will need libgcc_s.so.1");
+        return;
+    };
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    // Without the file the compiler prints the bare name back.
+    if !out.status.success() || !path.is_absolute() || !path.is_file() {
+        println!("cargo:warning=edgepool: no libgcc_eh.a from `{cc}`; libedgepool.so will need libgcc_s.so.1");
+        return;
+    }
+    let dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("static-unwind");
+    if std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(&path, dir.join("libgcc_s.a"))).is_err() {
+        println!("cargo:warning=edgepool: could not copy {}; libedgepool.so will need libgcc_s.so.1", path.display());
+        return;
+    }
+    println!("cargo:rerun-if-changed={}", path.display());
+    println!("cargo:rustc-link-search=native={}", dir.display());
+}
