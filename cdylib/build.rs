@@ -33,7 +33,11 @@ fn main() {
 }
 
 /// Step 1: `libgcc_s.a` (a copy of the C compiler's `libgcc_eh.a`) in `OUT_DIR`, searched first.
+/// Native builds only: a cross build's `cc` would offer the host's archive.
 fn static_unwinder() {
+    if env::var("TARGET").ok() != env::var("HOST").ok() {
+        return;
+    }
     let cc = env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let Ok(out) = Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output() else {
         println!("cargo:warning=edgepool: `{cc}` not found; libedgepool.so will need libgcc_s.so.1");
