@@ -93,8 +93,8 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let limit = start + size + 64 * 1024;
     let dir = tmp_dir("resident");
     let exe = dir.join("resident");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/resident.c"), &exe, &["-pthread"]);
-    let out = run_with(&mut Command::new(&exe), true, &[]);
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/footprint.c"), &exe, &["-pthread"]);
+    let out = run_with(Command::new(&exe).arg("--code-pages"), true, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let pages: Vec<u64> =
