@@ -65,9 +65,9 @@ fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
 }
 
 /// What a process keeps resident of the library's code (cdylib/build.rs, cdylib/link/layout.ld): the
-/// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; and the pages a C program touches
-/// lie within edgepool's own section at the front of the text, plus at most the 64 KiB that the
-/// kernel maps around a touched page. Before the layout, std's argv hook (run at load) and the PLT
+/// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; the C entry points lie in
+/// edgepool's own section at the front of the text; and the pages a C program touches lie within
+/// that section, plus at most the 64 KiB that the kernel maps around a touched page. Before the layout, std's argv hook (run at load) and the PLT
 /// behind the `atexit`/`pthread_atfork` stubs sat among std's panic machinery at the far end of the
 /// text, and 88 KiB of it were resident in every process.
 #[test]
@@ -85,16 +85,84 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
         );
     }
     let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
-    assert!(!String::from_utf8_lossy(&nm.stdout).contains("_Unwind_"), "the linked-in unwinder is exported");
+    let nm = String::from_utf8_lossy(&nm.stdout);
+    assert!(!nm.contains("_Unwind_"), "the linked-in unwinder is exported");
 
     let (start, size) = section(&so, ".text.edgepool").expect("no .text.edgepool section: the layout was not applied");
+    // Every C entry point lies in edgepool's section ("000000000001a800 T malloc").
+    for line in nm.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let [addr, "T", name] = f[..] {
+            let a = u64::from_str_radix(addr, 16).unwrap();
+            assert!((start..start + size).contains(&a), "{name} at {a:#x} is outside edgepool's section");
+        }
+    }
     let (_, rest) = section(&so, ".text").expect(".text");
     assert!(rest > 2 * size, "the rest of the text ({rest} bytes) should be most of it (edgepool's: {size})");
-    let limit = start + size + 64 * 1024;
+    // Statically: edgepool's code calls nothing outside its section but panics, unwinding and the
+    // allocation-failure handler (never run: the allocator does not panic or allocate through Rust's
+    // handler). Direct
+    // calls name their target; calls through the GOT (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`)
+    // are resolved through the slot's relative relocation.
+    let end = start + size;
+    let dis = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", &format!("--start-address={start:#x}"), &format!("--stop-address={end:#x}")])
+        .arg(&so)
+        .output()
+        .unwrap();
+    let relocs = Command::new("readelf").arg("-rW").arg(&so).output().unwrap();
+    let slots: std::collections::HashMap<u64, u64> = String::from_utf8_lossy(&relocs.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[2] == "R_X86_64_RELATIVE")
+                .then(|| Some((u64::from_str_radix(f[0], 16).ok()?, u64::from_str_radix(f[3], 16).ok()?)))?
+        })
+        .collect();
+    let syms = Command::new("nm").args(["-n"]).arg(&so).output().unwrap();
+    let syms: Vec<(u64, String)> = String::from_utf8_lossy(&syms.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && "tTwW".contains(f[1]))
+                .then(|| Some((u64::from_str_radix(f[0], 16).ok()?, f[2].to_owned())))?
+        })
+        .collect();
+    let name_at = |a: u64| syms.iter().take_while(|(s, _)| *s <= a).last().map_or("?", |(_, n)| n.as_str());
+    let mut outside = BTreeSet::new();
+    let mut calls = 0;
+    for line in String::from_utf8_lossy(&dis.stdout).lines() {
+        let Some(pos) = line.find("call").or_else(|| line.find("jmp")) else { continue };
+        let op = &line[pos..];
+        let target = if let Some(slot) = op.strip_prefix("call").filter(|o| o.contains("*0x")).and_then(|o| {
+            let hash = o.split('#').nth(1)?;
+            u64::from_str_radix(hash.split_whitespace().next()?, 16).ok()
+        }) {
+            slots.get(&slot).copied()
+        } else {
+            op.split_whitespace().nth(1).and_then(|t| u64::from_str_radix(t, 16).ok())
+        };
+        let Some(t) = target else { continue };
+        calls += 1;
+        let name = name_at(t);
+        let never_run = ["panic", "_fail", "Unwind", "handle_error"].iter().any(|w| name.contains(w));
+        if !(start..end).contains(&t) && !never_run {
+            outside.insert(format!("{t:#x} {name}"));
+        }
+    }
+    assert!(calls > 1000, "only {calls} calls found in edgepool's section: the disassembly was not read");
+    assert!(outside.is_empty(), "edgepool's code calls outside its section: {outside:?}");
+
+    let limit = end + 64 * 1024;
     let dir = tmp_dir("resident");
     let exe = dir.join("resident");
     compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/footprint.c"), &exe, &["-pthread"]);
-    let out = run_with(Command::new(&exe).arg("--code-pages"), true, &[]);
+    // With options set, as CI sets EDGEPOOL_TEST_PYTHON: reading them runs code of its own.
+    let out = run_with(
+        Command::new(&exe).arg("--code-pages"),
+        true,
+        &[("EDGEPOOL_RETAIN", "8M"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_TEST_X", "1")],
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let pages: Vec<u64> =
