@@ -101,9 +101,8 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     assert!(rest > 2 * size, "the rest of the text ({rest} bytes) should be most of it (edgepool's: {size})");
     // Statically: edgepool's code calls nothing outside its section but panics, unwinding and the
     // allocation-failure handler (never run: the allocator does not panic or allocate through Rust's
-    // handler). Direct
-    // calls name their target; calls through the GOT (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`)
-    // are resolved through the slot's relative relocation.
+    // handler). Direct calls name their target; calls through the GOT
+    // (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`) are resolved through the slot's relocation.
     let end = start + size;
     let dis = Command::new("objdump")
         .args(["-d", "--no-show-raw-insn", &format!("--start-address={start:#x}"), &format!("--stop-address={end:#x}")])
