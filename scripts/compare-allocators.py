@@ -40,14 +40,31 @@ def edgepool_lib():
     return lib
 
 
-def runrss():
-    """The measuring wrapper (scripts/runrss.c), compiled once into target/."""
-    exe = os.path.join(ROOT, "target", "runrss")
-    src = os.path.join(ROOT, "scripts", "runrss.c")
+def library(name):
+    """The library to preload for an allocator name: None for the system allocator, the release build
+    of libedgepool.so (built if needed) for edgepool, the Debian library for the others."""
+    if name == "system":
+        return None
+    if name == "edgepool":
+        return edgepool_lib()
+    if name in DEBIAN:
+        return os.path.join(LIBDIR, DEBIAN[name][1])
+    raise SystemExit(f"unknown allocator {name}")
+
+
+def compiled(name, flags=()):
+    """scripts/NAME.c compiled with cc -O2 into target/NAME, again only when the source is newer."""
+    exe = os.path.join(ROOT, "target", name)
+    src = os.path.join(ROOT, "scripts", name + ".c")
     if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
         os.makedirs(os.path.dirname(exe), exist_ok=True)
-        subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
+        subprocess.run(["cc", "-O2", *flags, "-o", exe, src], check=True)
     return exe
+
+
+def runrss():
+    """The measuring wrapper (scripts/runrss.c), compiled once into target/."""
+    return compiled("runrss")
 
 
 def run_once(cmd, preload, env_extra):
@@ -77,12 +94,7 @@ def main():
         ap.error("no command")
     names = a.only.split(",")
     ensure_debian(names)
-    libs = {"system": None}
-    for n in names:
-        if n == "edgepool":
-            libs[n] = edgepool_lib()
-        elif n in DEBIAN:
-            libs[n] = os.path.join(LIBDIR, DEBIAN[n][1])
+    libs = {n: library(n) for n in names}
     results = {n: [] for n in names}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first

@@ -24,15 +24,6 @@ _spec.loader.exec_module(compare)
 COLUMNS = ["allocator library", "libgcc_s", "libc + ld.so", "program + other libraries", "anonymous + stack", "total", "VmHWM"]
 
 
-def probe():
-    exe = os.path.join(ROOT, "target", "footprint")
-    src = os.path.join(ROOT, "scripts", "footprint.c")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-        os.makedirs(os.path.dirname(exe), exist_ok=True)
-        subprocess.run(["cc", "-O2", "-pthread", "-o", exe, src], check=True)
-    return exe
-
-
 def run_once(exe, lib):
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
@@ -53,21 +44,14 @@ def main():
     a = ap.parse_args()
     names = a.only.split(",")
     compare.ensure_debian(names)
-    libs = {"system": None}
-    for n in names:
-        if n == "edgepool":
-            libs[n] = compare.edgepool_lib()
-        elif n in compare.DEBIAN:
-            libs[n] = os.path.join(compare.LIBDIR, compare.DEBIAN[n][1])
-        elif n != "system":
-            ap.error(f"unknown allocator {n}")
+    libs = {n: compare.library(n) for n in names}
     for spec in a.lib:
         n, _, path = spec.partition("=")
         if not path or not os.path.exists(path):
             ap.error(f"--lib {spec}: no such file")
         names.append(n)
         libs[n] = os.path.abspath(path)
-    exe = probe()
+    exe = compare.compiled("footprint", ["-pthread"])
     runs = {n: [] for n in names}
     for r in range(a.rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
