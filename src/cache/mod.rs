@@ -4,8 +4,9 @@
 //! ```text
 //! alloc_fast(class)             [inline(always)]  TLS load, row: pop the stack of recent frees, else
 //!                                                 take the lowest bit of the checked-out word
-//!   (miss: global's cold path)  → alloc_slow(class)   [cold]  thread setup, next word, remote frees,
-//!                                                               partial list, new slab (or arena)
+//!   (miss: global's cold path)  → alloc_slow(class)   [cold]  thread setup, the slab's remote frees,
+//!                                                               next word, partial list, new slab
+//!                                                               (or arena)
 //! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
 //!                                                 (or, when full, set the bit in word or bitmap)
 //!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
@@ -426,6 +427,11 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
             let s = (*row).current;
             if s != empty_slab() {
                 checkin(row);
+                // What other threads freed in this slab first: their slots go back to the bitmap
+                // and lower the hint, so the next word checked out is the lowest with a free slot.
+                // A producer whose blocks other threads free then keeps reusing the same pages
+                // instead of walking through the whole slab before it looks back (xmalloc, rptest).
+                remote::collect(cache, s);
                 if checkout(row) {
                     continue;
                 }
