@@ -17,9 +17,16 @@ pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
 pub const SLAB_HEADER: usize = 128;
 /// Slab headers and bitmaps live out of band, in a table beside the page map (see `heap`), one entry
 /// of this many bytes per 64 KiB of the heap's region: an overflow past a slab's last slot reaches
-/// the next slab's first slot, never allocator state.
-pub const SLAB_META_SHIFT: u32 = 10;
+/// the next slab's first slot, never allocator state. 512 bytes: the header and a bitmap of up to
+/// [`MAX_SLOTS`] slots. Every slab in use keeps its entry's page resident, so the entry's size is a
+/// share of every slab's cost (1 KiB entries, which held all 4096 slots of the 16-byte class, made
+/// the table 0.7 MiB of a model load's 190 MiB peak).
+pub const SLAB_META_SHIFT: u32 = 9;
 pub const SLAB_META: usize = 1 << SLAB_META_SHIFT;
+/// Most slots a slab holds: as many as the bitmap in its table entry has bits. Only the 16-byte class
+/// has more room than that (4096 slots); its slabs use the first 48 KiB, and the rest of the block is
+/// never touched.
+pub const MAX_SLOTS: usize = (SLAB_META - SLAB_HEADER) * 8;
 
 pub const CLASS_SIZES: [usize; 20] =
     [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384];
@@ -52,7 +59,8 @@ pub struct Geometry {
 const fn geometry(size: usize) -> Geometry {
     // The whole block holds slots: the header and bitmap are out of band.
     let first = 0;
-    let nslots = (SLAB_SIZE - first) / size;
+    let fit = (SLAB_SIZE - first) / size;
+    let nslots = if fit < MAX_SLOTS { fit } else { MAX_SLOTS };
     let nwords = nslots.div_ceil(64);
     let recip = ((1u64 << 32).div_ceil(size as u64)) as u32;
     Geometry { size: size as u32, first: first as u32, nslots: nslots as u32, nwords: nwords as u32, recip }

@@ -5,8 +5,8 @@
 //! this layer never looks inside the cache that owns it. A `*mut Slab` is the address of the header.
 //!
 //! ```text
-//! header entry:  0        64          128              ≤ 640            SLAB_META
-//!                | owner  | shared    | bitmap (u64s)  |   (unused)     |
+//! header entry:  0        64          128                         SLAB_META (512)
+//!                | owner  | shared    | bitmap (u64s, ≤ 384 bytes) |
 //! data block:    0                                                         64 KiB
 //!                | slot 0 | slot 1 | ...                      | slot n-1 | (slack) |
 //! ```
