@@ -202,3 +202,29 @@ fn vec_growth_and_strings() {
     }
     assert_eq!(m["4242"], 4242);
 }
+
+/// A slab's bitmap lives in its 512-byte slab-table entry, which has bits for 3072 slots: the 16-byte
+/// class (room for 4096 in a 64 KiB block) hands out only the first 48 KiB of each slab and never
+/// touches the rest, and every slot it hands out is distinct.
+#[test]
+fn the_16_byte_class_uses_the_first_48_kib_of_its_slabs() {
+    std::thread::spawn(|| {
+        let ps: Vec<usize> = (0..10_000).map(|_| edgepool::raw::alloc(16, 16) as usize).collect();
+        assert!(ps.iter().all(|&p| p != 0));
+        let mut slabs = std::collections::HashMap::new();
+        for &p in &ps {
+            assert!(p % 65536 < 3072 * 16, "slot at offset {} of its 64 KiB slab", p % 65536);
+            *slabs.entry(p / 65536).or_insert(0usize) += 1;
+        }
+        assert!(slabs.values().all(|&n| n <= 3072));
+        let distinct: std::collections::HashSet<usize> = ps.iter().copied().collect();
+        assert_eq!(distinct.len(), ps.len());
+        for p in ps {
+            // SAFETY: live blocks of this thread.
+            unsafe { edgepool::raw::free(p as *mut u8) };
+        }
+    })
+    .join()
+    .unwrap();
+    edgepool::check_heap().unwrap();
+}
