@@ -67,6 +67,13 @@ def runrss():
     return compiled("runrss")
 
 
+def rotated(names, r):
+    """The order of round r: the names rotated by r, so that each goes first in turn (runs alternate,
+    and none always runs first or right after another)."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def run_once(cmd, preload, env_extra):
     """Runs cmd once (under preload if given) and returns (wall seconds, peak RSS bytes)."""
     env = dict(os.environ)
@@ -97,8 +104,7 @@ def main():
     libs = {n: library(n) for n in names}
     results = {n: [] for n in names}
     for r in range(a.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
-        for n in order:
+        for n in rotated(names, r):
             results[n].append(run_once(cmd, libs[n], {}))
     base_t = statistics.median(w for w, _ in results["system"]) if "system" in results else None
     base_m = statistics.median(m for _, m in results["system"]) if "system" in results else None

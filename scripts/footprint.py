@@ -54,7 +54,7 @@ def main():
     exe = compare.compiled("footprint", ["-pthread"])
     runs = {n: [] for n in names}
     for r in range(a.rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in compare.rotated(names, r):
             runs[n].append(run_once(exe, libs[n]))
     med = {n: [statistics.median(col) for col in zip(*runs[n])] for n in names}
     base = med["system"][5] if "system" in med else None

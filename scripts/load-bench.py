@@ -113,8 +113,7 @@ def main():
         res = {n: [] for n, _ in cfgs}
         for r in range(a.rounds):
             for p in paths:
-                order = cfgs[r % len(cfgs):] + cfgs[:r % len(cfgs)]
-                for n, make in order:
+                for n, make in cmp.rotated(cfgs, r):
                     cmd, env = make(p)
                     res[n].append(run(cmd, env))
         fl = []
