@@ -52,10 +52,15 @@ const REQUIRED: &[&str] = &[
     "edgepool_load_end",
 ];
 
+/// What `prog args… so` prints (binutils reading the library).
+fn tool(prog: &str, args: &[&str], so: &Path) -> String {
+    let out = Command::new(prog).args(args).arg(so).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `(address, size)` of the section `name` of the ELF file `so`, from `readelf -SW`.
 fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
-    let out = Command::new("readelf").arg("-SW").arg(so).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+    tool("readelf", &["-SW"], so).lines().find_map(|l| {
         // "  [15] .text.edgepool    PROGBITS        000000000001a4a0 0194a0 01784c 00  AX ..."
         let rest = l.split_once(']')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
@@ -75,8 +80,7 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let so = lib();
     let eh = Command::new("cc").arg("-print-file-name=libgcc_eh.a").output().unwrap();
     let eh = PathBuf::from(String::from_utf8_lossy(&eh.stdout).trim());
-    let dynamic = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
-    let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+    let dynamic = tool("readelf", &["-d"], &so);
     if eh.is_absolute() && eh.is_file() {
         assert!(
             !dynamic.contains("libgcc_s"),
@@ -84,8 +88,7 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
             eh.display()
         );
     }
-    let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
-    let nm = String::from_utf8_lossy(&nm.stdout);
+    let nm = tool("nm", &["-D", "--defined-only"], &so);
     assert!(!nm.contains("_Unwind_"), "the linked-in unwinder is exported");
 
     let (start, size) = section(&so, ".text.edgepool").expect("no .text.edgepool section: the layout was not applied");
@@ -104,13 +107,12 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     // handler). Direct calls name their target; calls through the GOT
     // (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`) are resolved through the slot's relocation.
     let end = start + size;
-    let dis = Command::new("objdump")
-        .args(["-d", "--no-show-raw-insn", &format!("--start-address={start:#x}"), &format!("--stop-address={end:#x}")])
-        .arg(&so)
-        .output()
-        .unwrap();
-    let relocs = Command::new("readelf").arg("-rW").arg(&so).output().unwrap();
-    let slots: std::collections::HashMap<u64, u64> = String::from_utf8_lossy(&relocs.stdout)
+    let dis = tool(
+        "objdump",
+        &["-d", "--no-show-raw-insn", &format!("--start-address={start:#x}"), &format!("--stop-address={end:#x}")],
+        &so,
+    );
+    let slots: std::collections::HashMap<u64, u64> = tool("readelf", &["-rW"], &so)
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -118,8 +120,7 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
                 .then(|| Some((u64::from_str_radix(f[0], 16).ok()?, u64::from_str_radix(f[3], 16).ok()?)))?
         })
         .collect();
-    let syms = Command::new("nm").args(["-n"]).arg(&so).output().unwrap();
-    let syms: Vec<(u64, String)> = String::from_utf8_lossy(&syms.stdout)
+    let syms: Vec<(u64, String)> = tool("nm", &["-n"], &so)
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -130,7 +131,7 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let name_at = |a: u64| syms.iter().take_while(|(s, _)| *s <= a).last().map_or("?", |(_, n)| n.as_str());
     let mut outside = BTreeSet::new();
     let mut calls = 0;
-    for line in String::from_utf8_lossy(&dis.stdout).lines() {
+    for line in dis.lines() {
         let Some(pos) = line.find("call").or_else(|| line.find("jmp")) else { continue };
         let op = &line[pos..];
         let target = if let Some(slot) = op.strip_prefix("call").filter(|o| o.contains("*0x")).and_then(|o| {
@@ -185,18 +186,15 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
 #[test]
 fn link_gate_exports_and_tls_model() {
     let so = lib();
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = tool("nm", &["-D", "--defined-only"], &so);
     let exported: BTreeSet<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
     let missing: Vec<&&str> = REQUIRED.iter().filter(|s| !exported.contains(**s)).collect();
     assert!(missing.is_empty(), "libedgepool.so does not export {missing:?}");
     // Nothing but the C API: no Rust symbols leak.
     assert!(!exported.iter().any(|s| s.starts_with("_R")), "Rust symbols exported");
     // Initial-exec TLS: the library is marked STATIC_TLS and no edgepool function calls __tls_get_addr.
-    let dynamic = Command::new("readelf").arg("-d").arg(&so).output().unwrap();
-    assert!(String::from_utf8_lossy(&dynamic.stdout).contains("STATIC_TLS"), "not built with initial-exec TLS");
-    let dis = Command::new("objdump").arg("-d").arg(&so).output().unwrap();
-    let dis = String::from_utf8_lossy(&dis.stdout);
+    assert!(tool("readelf", &["-d"], &so).contains("STATIC_TLS"), "not built with initial-exec TLS");
+    let dis = tool("objdump", &["-d"], &so);
     let mut func = String::new();
     let mut offenders = BTreeSet::new();
     for line in dis.lines() {
