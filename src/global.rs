@@ -245,6 +245,9 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
                 return p;
             }
         }
+        if load {
+            cache::settle::sweep_if_due();
+        }
         return match heap::alloc_large(size, align, load) {
             Some((p, flags, bytes, resident)) => {
                 stats::add(&COUNTERS.large_allocs, 1);

@@ -272,3 +272,85 @@ fn arena_mode_bumps_and_gives_dead_chunks_back() {
     drop((a, b));
     edgepool::check_heap().unwrap();
 }
+
+/// The pages of `slots` (each `len` bytes) on which no slot of `keep` lies, sorted.
+fn pages_without(slots: &[usize], keep: &[usize], len: usize) -> Vec<usize> {
+    let page = |a: usize| a & !4095;
+    let kept: std::collections::HashSet<usize> = keep.iter().flat_map(|&a| [page(a), page(a + len - 1)]).collect();
+    let mut v: Vec<usize> =
+        slots.iter().flat_map(|&a| [page(a), page(a + len - 1)]).filter(|p| !kept.contains(p)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// How many of `pages` are resident.
+fn resident(pages: &[usize]) -> usize {
+    let mut b = [0u8; 1];
+    pages.iter().filter(|&&p| edgepool::os::resident_pages(p as *mut u8, 4096, &mut b) && b[0] & 1 != 0).count()
+}
+
+/// 40 000 temporaries of 256 bytes, one in twenty kept, the others freed: returns the keepers and the
+/// pages that only freed ones lay on (worked out before the frees, so that nothing is allocated after
+/// them). Each temporary is a heap allocation of its own, as a loader's are: hence the boxes.
+#[allow(clippy::vec_box)]
+fn temporaries() -> (Vec<Box<[u8; 256]>>, Vec<usize>) {
+    let mut keep = Vec::with_capacity(2_000);
+    let mut junk = Vec::with_capacity(38_000);
+    for i in 0..40_000usize {
+        let b = Box::new([(i % 251) as u8 | 1; 256]);
+        if i % 20 == 0 {
+            keep.push(b);
+        } else {
+            junk.push(b);
+        }
+    }
+    let at = |v: &Vec<Box<[u8; 256]>>| v.iter().map(|b| b.as_ptr() as usize).collect::<Vec<_>>();
+    let pages = pages_without(&at(&junk), &at(&keep), 256);
+    drop(junk);
+    (keep, pages)
+}
+
+#[test]
+fn a_large_block_in_a_phase_first_gives_back_the_pages_freed_temporaries_left() {
+    let line = run_child("child_sweep");
+    let (run_kept, load_before, load_after) =
+        (field(&line, "run_kept"), field(&line, "load_before"), field(&line, "load_after"));
+    let pages = field(&line, "pages");
+    assert!(pages >= 200, "too few pages to tell: {line}");
+    // Outside a phase the freed slots' pages stay, waiting for reuse; inside one they are resident
+    // until the next large block is taken, and then mostly gone.
+    assert!(run_kept * 10 >= pages * 9, "pages purged outside a phase: {line}");
+    assert!(load_before * 10 >= pages * 9, "pages gone before the large block: {line}");
+    assert!(load_after * 10 <= pages, "pages left resident after the large block: {line}");
+}
+
+#[test]
+#[ignore = "child of a_large_block_in_a_phase_first_gives_back_the_pages_freed_temporaries_left"]
+fn child_sweep() {
+    // Run phase: the same pattern, then a large block.
+    let (run_keep, run_pages) = temporaries();
+    let big = std::hint::black_box(vec![1u8; 2 << 20]);
+    let run_kept = resident(&run_pages);
+    drop(big);
+    // Load phase.
+    let guard = edgepool::load_phase();
+    let (keep, pages) = temporaries();
+    let load_before = resident(&pages);
+    let big = std::hint::black_box(vec![1u8; 2 << 20]);
+    let load_after = resident(&pages);
+    // The keepers are intact, and the purged slots serve new objects.
+    for (k, b) in keep.iter().enumerate() {
+        assert!(b.iter().all(|&x| x == ((k * 20) % 251) as u8 | 1), "keeper {k} damaged");
+    }
+    let again: Vec<Box<[u8; 256]>> = (0..38_000).map(|i| Box::new([(i % 7) as u8; 256])).collect();
+    for (i, b) in again.iter().enumerate() {
+        assert!(b.iter().all(|&x| x == (i % 7) as u8), "new object {i} damaged");
+    }
+    drop((again, big));
+    let r = guard.finish();
+    assert!(r.survivor_bytes >= 2_000 * 256, "{r:?}");
+    edgepool::check_heap().unwrap();
+    drop((keep, run_keep));
+    println!("RESULT pages={} run_kept={run_kept} load_before={load_before} load_after={load_after}", pages.len());
+}

@@ -165,6 +165,9 @@ pub struct Cache {
     runs: runs::Runs,
     /// Per class, the load row's `count` when its rows were last settled (owner only).
     load_mark: [u64; NCLASSES],
+    /// The bytes of load-row slots freed (`settle::load_freed`) at which the next sweep of the load
+    /// slabs' free pages is due (owner only; see [`settle::sweep_if_due`]).
+    sweep_at: usize,
     /// Per class, slots of other caches' slabs that this cache's thread freed (owner writes, with
     /// [`bump`]; any thread reads).
     remote_freed: [AtomicU64; NCLASSES],
@@ -217,6 +220,7 @@ impl Cache {
             pool_next: core::ptr::null_mut(),
             runs: runs::Runs::new(),
             load_mark: [0; NCLASSES],
+            sweep_at: settle::SWEEP_MIN,
             remote_freed: [const { AtomicU64::new(0) }; NCLASSES],
         }
     }

@@ -13,7 +13,7 @@ use super::{
 use crate::heap;
 use crate::os;
 use crate::phase_state::{self, RowSet};
-use crate::size_class::{NCLASSES, SLAB_SIZE};
+use crate::size_class::{CLASS_SIZES, NCLASSES, SLAB_SIZE};
 use crate::slab::{Slab, SlabState};
 use crate::stats::{self, COUNTERS};
 
@@ -48,6 +48,7 @@ unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
             checkin(lrow);
             let count = (*lrow).count.load(Ordering::Relaxed);
             r.allocations += count - (*cache).load_mark[class];
+            (*cache).sweep_at = load_freed(cache) + SWEEP_MIN;
             (*cache).load_mark[class] = count;
             let cur = (*lrow).current;
             (*lrow).current = empty_slab();
@@ -92,13 +93,85 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
     }
 }
 
+/// Bytes of slots that the owner freed in its load rows since they were made (each slot at its class
+/// size): [`Cache::load_freed`]'s clock.
+///
+/// # Safety
+/// - owner.
+unsafe fn load_freed(cache: *mut Cache) -> usize {
+    let mut bytes = 0;
+    for (class, &size) in CLASS_SIZES.iter().enumerate() {
+        // SAFETY: owner; a row of this cache (index < ROWS); `frees` is an atomic it alone writes.
+        let f = unsafe { (*row(cache, RowSet::Load as usize + class)).frees.load(Ordering::Relaxed) };
+        bytes += f as usize * size;
+    }
+    bytes
+}
+
+/// Least bytes of load-row slots freed between two sweeps ([`sweep_if_due`]).
+pub(super) const SWEEP_MIN: usize = 1 << 20;
+
+/// Inside a load phase, before the calling thread takes a large block: if it freed at least
+/// [`SWEEP_MIN`] bytes of small load-phase objects since the last sweep (and at least a sixteenth of
+/// its load slabs' bytes then), purges the pages of its load slabs on which every slot is free, as a
+/// phase's end does. A loader that frees its parse temporaries and then allocates optimisation
+/// scratch otherwise holds every page the temporaries touched until the phase ends — the survivors
+/// among them (one in twenty in the suite's `model_load`) keep their slabs, not their pages. Returns
+/// the bytes purged.
+pub fn sweep_if_due() -> usize {
+    let cache = life::mine();
+    if cache.is_null() {
+        return 0;
+    }
+    // SAFETY: our own live cache (owner).
+    unsafe {
+        let freed = load_freed(cache);
+        if freed < (*cache).sweep_at {
+            return 0;
+        }
+        let (purged, slabs) = sweep_load_rows(cache);
+        (*cache).sweep_at = load_freed(cache) + SWEEP_MIN.max(slabs * SLAB_SIZE / 16);
+        purged
+    }
+}
+
+/// Purges the free pages of the load slabs of `cache` but the rows' current ones (which the next
+/// allocations of their class take slots from). Returns the bytes purged and the slabs seen.
+///
+/// # Safety
+/// - owner.
+unsafe fn sweep_load_rows(cache: *mut Cache) -> (usize, usize) {
+    let (mut purged, mut slabs) = (0, 0);
+    // SAFETY: owner; rows (indices < ROWS) and slabs of this cache. Each row's stacked slots go back
+    // to their bitmaps first (the flush may re-file slabs; the lists are walked after it, and nothing
+    // below changes them); words are checked out only of current slabs, which are left out. So a set
+    // bit of a listed slab is a free slot. Remote frees are left on their lists: their bits are
+    // clear, so they only keep their pages.
+    unsafe {
+        for class in 0..NCLASSES {
+            let lrow = row(cache, RowSet::Load as usize + class);
+            flush_stack(cache, lrow);
+            for state in [SlabState::Partial, SlabState::Full] {
+                let mut s = *list_head(lrow, state);
+                while !s.is_null() {
+                    purged += purge_free_pages(s);
+                    slabs += 1;
+                    s = (*s).next;
+                }
+            }
+        }
+    }
+    (purged, slabs)
+}
+
 /// Purges the pages of a slab on which every slot is free, counting only pages that were resident.
 /// Free slots hold no allocator data (the header and bitmap are out of band) beyond their freed mark,
 /// so a purged page simply reads as zero when its slots are handed out again.
 ///
 /// # Safety
-/// - `s` is a live slab owned by the caller with no word checked out, no stacked slot and its remote
-///   list applied (every free slot's bit is set in the bitmap).
+/// - `s` is a live slab owned by the caller with no word checked out and no stacked slot, so that a
+///   set bit is a free slot. (Slots on its remote list, not applied yet, have their bits clear: they
+///   only keep their pages.)
 unsafe fn purge_free_pages(s: *mut Slab) -> usize {
     const PAGES: usize = SLAB_SIZE / os::PAGE;
     let mut resident = [0u8; PAGES];
