@@ -27,8 +27,9 @@
 //! slot's second word, and an allocation clears it. A free that finds the mark already there checks
 //! whether the slot is free — on the row's stack, in the checked-out word or the bitmap, on the slab's
 //! remote list — and aborts if so ([`free_marked`]); so a slot freed twice is never handed out twice,
-//! whether the frees land on the stack, the bitmap or both. (A slot on a page that a phase end
-//! purged has lost its mark: freeing it again is caught only if it reaches the bitmap.)
+//! whether the frees land on the stack, the bitmap or both. (A slot on a page that a phase end, or
+//! a sweep inside a phase (`settle::sweep_if_due`), purged has lost its mark: freeing it again is
+//! caught only if it reaches the bitmap.)
 //!
 //! # Ownership, said once
 //! A cache is used by exactly one thread at a time: the thread whose TLS points at it, or the thread
