@@ -48,7 +48,6 @@ unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
             checkin(lrow);
             let count = (*lrow).count.load(Ordering::Relaxed);
             r.allocations += count - (*cache).load_mark[class];
-            (*cache).sweep_at = load_freed(cache) + SWEEP_MIN;
             (*cache).load_mark[class] = count;
             let cur = (*lrow).current;
             (*lrow).current = empty_slab();
@@ -66,6 +65,8 @@ unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
                 }
             }
         }
+        // The next phase's first sweep waits for its own frees.
+        (*cache).sweep_at = load_freed(cache) + SWEEP_MIN;
     }
     r
 }
@@ -94,7 +95,7 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
 }
 
 /// Bytes of slots that the owner freed in its load rows since they were made (each slot at its class
-/// size): [`Cache::load_freed`]'s clock.
+/// size): the clock that `Cache::sweep_at` is read against.
 ///
 /// # Safety
 /// - owner.
