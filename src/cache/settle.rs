@@ -130,8 +130,10 @@ pub fn sweep_if_due() -> usize {
         if freed < (*cache).sweep_at {
             return 0;
         }
+        // The sweep frees nothing itself (flushing the stacks moves slots already counted as freed),
+        // so the clock still reads `freed` after it.
         let (purged, slabs) = sweep_load_rows(cache);
-        (*cache).sweep_at = load_freed(cache) + SWEEP_MIN.max(slabs * SLAB_SIZE / 16);
+        (*cache).sweep_at = freed + SWEEP_MIN.max(slabs * SLAB_SIZE / 16);
         purged
     }
 }
