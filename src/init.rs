@@ -77,7 +77,6 @@ pub const LAZY_UNIT: usize = 2 << 20;
 pub fn start() -> Option<Started> {
     // Before any slot can be freed: the mark must not be guessable from the program's own data.
     slab::set_freed_mark(os::startup_random(0) ^ (&raw const FREED_SEED as u64).rotate_left(29));
-    slab::set_link_key(os::startup_random(1) ^ (&raw const FREED_SEED as u64).rotate_left(41));
     let opts = read_options();
     let top_size = opts.get(options::MAX_BLOCK) as usize;
     let want = (opts.get(options::RESERVE) as usize).max(top_size) & !(top_size - 1);

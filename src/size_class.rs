@@ -17,16 +17,18 @@ pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
 pub const SLAB_HEADER: usize = 128;
 /// Slab headers and bitmaps live out of band, in a table beside the page map (see `heap`), one entry
 /// of this many bytes per 64 KiB of the heap's region: an overflow past a slab's last slot reaches
-/// the next slab's first slot, never allocator state. 512 bytes: the header and a bitmap of up to
-/// [`MAX_SLOTS`] slots. Every slab in use keeps its entry's page resident, so the entry's size is a
-/// share of every slab's cost (1 KiB entries, which held all 4096 slots of the 16-byte class, made
-/// the table 0.7 MiB of a model load's 190 MiB peak).
+/// the next slab's first slot, never allocator state. 512 bytes: the header and two bitmaps of up to
+/// [`MAX_SLOTS`] slots each, the owner's bitmap of free slots and the bitmap of slots other threads
+/// freed (see `slab`). Every slab in use keeps its entry's page resident, so the entry's size is a
+/// share of every slab's cost (1 KiB entries made the table 0.7 MiB of a model load's 190 MiB peak).
 pub const SLAB_META_SHIFT: u32 = 9;
 pub const SLAB_META: usize = 1 << SLAB_META_SHIFT;
-/// Most slots a slab holds: as many as the bitmap in its table entry has bits. Only the 16-byte class
-/// has more room than that (4096 slots); its slabs use the first 48 KiB, and the rest of the block is
-/// never touched.
-pub const MAX_SLOTS: usize = (SLAB_META - SLAB_HEADER) * 8;
+/// Words in each of the two bitmaps of a slab-table entry.
+pub const MAX_WORDS: usize = (SLAB_META - SLAB_HEADER) / 16;
+/// Most slots a slab holds: as many as each bitmap in its table entry has bits (1536). Only the 16-
+/// and 32-byte classes have more room than that (4096 and 2048 slots); their slabs use the first 24
+/// and 48 KiB, and the rest of the block is never touched.
+pub const MAX_SLOTS: usize = MAX_WORDS * 64;
 
 pub const CLASS_SIZES: [usize; 20] =
     [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384];
@@ -43,8 +45,8 @@ pub const fn natural_align(size: usize) -> usize {
 }
 
 /// The geometry of a slab of one class. Invariants: `first` (where slot 0 starts in the slab's block)
-/// is a multiple of `natural_align(size)`; `SLAB_HEADER + 8 * nwords <= SLAB_META` (the header and
-/// bitmap fit their out-of-band entry); `first + nslots * size <= SLAB_SIZE`;
+/// is a multiple of `natural_align(size)`; `nwords <= MAX_WORDS` (the header and both
+/// bitmaps fit their out-of-band entry); `first + nslots * size <= SLAB_SIZE`;
 /// `nwords * 64 >= nslots`; `recip = ceil(2^32 / size)`, which turns the division of any offset below
 /// `SLAB_SIZE` by `size` into an exact multiply and shift.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +100,7 @@ const _: () = {
     while i < NCLASSES {
         let g = GEOMETRY[i];
         assert!(g.first as usize % natural_align(g.size as usize) == 0);
-        assert!(SLAB_HEADER + 8 * g.nwords as usize <= SLAB_META);
+        assert!(g.nwords as usize <= MAX_WORDS && SLAB_HEADER + 16 * MAX_WORDS <= SLAB_META);
         assert!(g.first as usize + g.nslots as usize * g.size as usize <= SLAB_SIZE);
         assert!(g.nwords as usize * 64 >= g.nslots as usize);
         assert!(g.nslots >= 4);

@@ -1,12 +1,18 @@
 //! A slab: one 64 KiB buddy block holding the slots of one size class, and, out of band, its header
-//! and bitmap of free slots (one `SLAB_META` entry of the heap's slab table, beside the page map: no
-//! overflow of a slot reaches them). Single-owner: only the owning cache's thread touches the owner
-//! line and the bitmap; other threads only push onto `remote`. The owner is an opaque [`OwnerId`]:
-//! this layer never looks inside the cache that owns it. A `*mut Slab` is the address of the header.
+//! and bitmaps (one `SLAB_META` entry of the heap's slab table, beside the page map: no overflow of a
+//! slot reaches them). Single-owner: only the owning cache's thread touches the owner line and the
+//! bitmap of free slots; other threads only set bits of the *remote bitmap* (the slots they freed)
+//! and the `remote` summary. The owner is an opaque [`OwnerId`]: this layer never looks inside the
+//! cache that owns it. A `*mut Slab` is the address of the header.
+//!
+//! Remote frees are bits, not a list: taking them back costs the owner one atomic swap per word of
+//! 64 slots and never reads the freed slots, which another core wrote last (a list linked through
+//! the slots made the owner walk them, one cache miss after another: 14 % of a producer/consumer
+//! ring's time, `benches/suite/rptest.c`).
 //!
 //! ```text
-//! header entry:  0        64          128                         SLAB_META (512)
-//!                | owner  | shared    | bitmap (u64s, ≤ 384 bytes) |
+//! header entry:  0        64          128                 128 + 8 MAX_WORDS        SLAB_META (512)
+//!                | owner  | shared    | free bitmap (u64s) | remote bitmap (atomic u64s) |
 //! data block:    0                                                         64 KiB
 //!                | slot 0 | slot 1 | ...                      | slot n-1 | (slack) |
 //! ```
@@ -14,18 +20,24 @@
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os;
-use crate::size_class::{slot_index, GEOMETRY, SLAB_HEADER, SLAB_META, SLAB_SIZE};
+use crate::size_class::{slot_index, GEOMETRY, MAX_WORDS, SLAB_HEADER, SLAB_META, SLAB_SIZE};
 
 /// `remote` bit: the slab is on (or being pushed onto) its owner's remote queue.
 pub const QUEUED: usize = 1;
 
+/// `remote` bit of remote-bitmap word `w`: the word may have bits the owner has not taken yet.
+#[inline(always)]
+pub const fn summary_bit(w: usize) -> usize {
+    2 << w
+}
+
 /// Where a freed slot carries the *freed mark*: its second word (every slot has at least 16 bytes and
-/// is 16-aligned; the first word is the remote-free link).
+/// is 16-aligned).
 pub const MARK_OFFSET: usize = 8;
 
 /// The freed mark (glibc's tcache key, in spirit): a per-process random value written into a slot's
 /// second word when it is freed and cleared when it is handed out again. A free that finds the mark
-/// already there looks for the slot among the free ones (stack, word, bitmap, remote list) and aborts
+/// already there looks for the slot among the free ones (stack, word, bitmap, remote bitmap) and aborts
 /// if it is one: a double free can never hand a slot out twice. User data that happens to equal the
 /// mark costs only that look-up. Never zero.
 static FREED_MARK: AtomicU64 = AtomicU64::new(0x5bd1_e995_9e37_79b9);
@@ -39,21 +51,6 @@ pub fn freed_mark() -> u64 {
 /// Sets the freed mark from `seed` (random bytes), once, before any slot is freed.
 pub fn set_freed_mark(seed: u64) {
     FREED_MARK.store(seed | 1, Ordering::Relaxed);
-}
-
-/// The key of remote-free links (see [`Slab::push_remote`]): random per process, never zero.
-static LINK_KEY: AtomicUsize = AtomicUsize::new(0x9e37_79b9_7f4a_7c15);
-
-/// Sets the link key from `seed` (random bytes), once, before any slot is freed.
-pub fn set_link_key(seed: u64) {
-    LINK_KEY.store(seed as usize | 1, Ordering::Relaxed);
-}
-
-/// What a link stored in slot `p` is XORed with: the key, and `p`'s own address, so that a link
-/// copied from one slot to another does not decode to the same pointer.
-#[inline(always)]
-fn link_mask(p: *mut u8) -> usize {
-    LINK_KEY.load(Ordering::Relaxed) ^ (p as usize).rotate_left(29)
 }
 
 /// The cache that owns a slab, as an opaque address (compared, never dereferenced here).
@@ -77,7 +74,7 @@ pub enum SlabState {
 ///
 /// Invariants:
 /// - bit `i` of word `w` of the bitmap is set iff slot `64*w + i` exists (`< nslots`), is free, is
-///   not on the remote list, and word `w` is not checked out by the owner's class row (see
+///   not set in the remote bitmap, and word `w` is not checked out by the owner's class row (see
 ///   [`crate::cache::ClassState`]: a checked-out word reads 0 here and lives in the row);
 /// - every bitmap word below `hint` is zero;
 /// - `free_count` is the number of set bits of the bitmap (checked-out bits not included);
@@ -110,10 +107,13 @@ pub struct Slab {
 
 /// The line other threads write.
 ///
-/// Invariants: `remote & !QUEUED` heads a singly linked list (link in each slot's first word) of slots
-/// freed by other threads and not yet applied to the bitmap; `QUEUED` is set iff the slab is on, or
-/// being pushed onto, its owner's remote queue, and only the queue's consumer clears it; while it is
-/// set the slab is never given back to the heap.
+/// Invariants: bit `i` of remote-bitmap word `w` ([`Slab::remote_bits`]) is set iff another thread
+/// freed slot `64 w + i` and the owner has not taken it back into its bitmap yet; whoever turns a
+/// remote word from zero to non-zero then sets that word's [`summary_bit`] in `remote` (so every
+/// set remote bit is covered by a summary bit, or is about to be); `QUEUED` is set iff the slab is
+/// on, or being pushed onto, its owner's remote queue, and only the queue's consumer clears it; while
+/// `remote` is not zero the slab is never given back to the heap (nor while a remote bit is set: such
+/// a slot is not free in the owner's count).
 #[repr(C, align(64))]
 pub struct Shared {
     pub remote: AtomicUsize,
@@ -162,6 +162,7 @@ impl Slab {
                 shared: Shared { remote: AtomicUsize::new(0), remote_next: AtomicPtr::new(core::ptr::null_mut()) },
             });
             let bits = Slab::bits(this);
+            let remote = Slab::remote_bits(this);
             let full = (g.nslots / 64) as usize;
             for w in 0..g.nwords as usize {
                 let v = if w < full {
@@ -172,6 +173,7 @@ impl Slab {
                     0
                 };
                 bits.add(w).write(v);
+                (*remote.add(w)).store(0, Ordering::Relaxed);
             }
         }
     }
@@ -213,53 +215,38 @@ impl Slab {
         (off < SLAB_SIZE && idx * size == off && idx < nslots).then_some(idx)
     }
 
-    /// Pushes `p` onto the remote-free list (any thread). Returns `true` when the caller set `QUEUED`
-    /// and must therefore push the slab onto its owner's queue.
-    ///
-    /// The link to the next slot is stored encoded (XOR with a per-process random key and the slot's
-    /// own address, as mimalloc's encoded free lists): a link the program forges or copies by writing
-    /// after free decodes to a pointer outside the slab, or to one without the freed mark, and
-    /// [`Slab::next_remote`] aborts instead of handing a live slot out again.
+    /// The remote bitmap: `nwords` atomic words after the free bitmap's room (`MAX_WORDS` words).
     ///
     /// # Safety
-    /// - `this` is a live slab and `p` a live slot of it that the caller owns and gives up.
-    #[inline]
-    pub unsafe fn push_remote(this: *mut Slab, p: *mut u8) -> bool {
-        // SAFETY: the slab header is live; `p` is a dead slot of at least 16 bytes we may write.
-        let remote = unsafe { &(*this).shared.remote };
-        let mut old = remote.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: as above.
-            unsafe { (p as *mut usize).write((old & !QUEUED) ^ link_mask(p)) };
-            match remote.compare_exchange_weak(old, p as usize | QUEUED, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return old & QUEUED == 0,
-                Err(o) => old = o,
-            }
-        }
+    /// - `this` is a live slab (its header entry); any thread may use the words.
+    #[inline(always)]
+    pub unsafe fn remote_bits(this: *mut Slab) -> *const AtomicU64 {
+        // SAFETY: inside the same header entry (SLAB_HEADER + 16 MAX_WORDS <= SLAB_META), 8-aligned.
+        unsafe { (this as *mut u8).add(SLAB_HEADER + 8 * MAX_WORDS) as *const AtomicU64 }
     }
 
-    /// The slot after `p` on this slab's remote list (0 at its end), decoded and checked: it must be
-    /// 0, or a slot start inside the slab's block that carries the freed mark (every slot on the list
-    /// was marked before it was pushed). Aborts with a message naming `p` otherwise.
+    /// Marks slot `idx` freed by a thread that does not own the slab (any thread). `None` if its bit
+    /// was set already: the slot was freed twice, and nothing changed. `Some(true)` when the caller
+    /// set `QUEUED` and must therefore push the slab onto its owner's queue.
     ///
     /// # Safety
-    /// - `this` is a live slab and `p` a slot on its remote list that only the caller walks (the
-    ///   owner, which alone takes slots off the list).
+    /// - `this` is a live slab, `idx < nslots`, and the caller gives the slot up.
     #[inline]
-    pub unsafe fn next_remote(this: *mut Slab, p: *mut u8) -> usize {
-        // SAFETY: `p` is a dead slot of at least 16 bytes (contract); `data` and the geometry are
-        // fixed for the slab's life.
+    pub unsafe fn push_remote(this: *mut Slab, idx: usize) -> Option<bool> {
+        let (w, bit) = (idx >> 6, 1u64 << (idx & 63));
+        // SAFETY: w < nwords <= MAX_WORDS (contract); the words and `remote` are atomic.
         unsafe {
-            let next = (p as *const usize).read() ^ link_mask(p);
-            if next == 0 {
-                return 0;
+            // Release: the program's writes to the slot happen before the owner hands it out again.
+            let old = (*Slab::remote_bits(this).add(w)).fetch_or(bit, Ordering::Release);
+            if old & bit != 0 {
+                return None;
             }
-            // A slot start of this slab (checked first), so its mark word is readable.
-            let ok = Slab::slot_of(this, next).is_some() && ((next + MARK_OFFSET) as *const u64).read() == freed_mark();
-            if !ok {
-                os::invalid_pointer(p, "free(): corrupted remote free list (a write after free?)");
+            if old != 0 {
+                // Whoever made the word non-zero covers it with its summary bit.
+                return Some(false);
             }
-            next
+            let s = (*this).shared.remote.fetch_or(summary_bit(w) | QUEUED, Ordering::Release);
+            Some(s & QUEUED == 0)
         }
     }
 
@@ -293,6 +280,14 @@ impl Slab {
             };
             if word & !valid != 0 {
                 return Err("bitmap bit set beyond the last slot");
+            }
+            // SAFETY: w < nwords; atomic words.
+            let remote = unsafe { (*Slab::remote_bits(this).add(w as usize)).load(Ordering::Acquire) };
+            if remote & !valid != 0 {
+                return Err("remote bitmap bit set beyond the last slot");
+            }
+            if remote & word != 0 {
+                return Err("a slot is both free and freed by another thread");
             }
             if w < s.hint && word != 0 {
                 return Err("bitmap word below the search hint is not zero");
@@ -408,19 +403,16 @@ mod tests {
         // SAFETY: a fresh slab; the slots pushed are slots of it that nobody uses.
         unsafe {
             Slab::init(s, f.data, 0, 0, core::ptr::null_mut());
-            let first = f.data.add((*s).first as usize);
-            assert!(Slab::push_remote(s, first));
-            assert!(!Slab::push_remote(s, first.add(16)));
-            let head = (*s).shared.remote.load(Ordering::Relaxed);
-            assert_eq!(head & QUEUED, QUEUED);
-            assert_eq!(head & !QUEUED, first.add(16) as usize);
-            // The links are stored encoded, and decode once the slots carry the freed mark.
-            assert_ne!((first.add(16) as *const usize).read(), first as usize);
-            for q in [first, first.add(16)] {
-                q.add(MARK_OFFSET).cast::<u64>().write(freed_mark());
-            }
-            assert_eq!(Slab::next_remote(s, first.add(16)), first as usize);
-            assert_eq!(Slab::next_remote(s, first), 0);
+            assert_eq!(Slab::push_remote(s, 0), Some(true));
+            assert_eq!(Slab::push_remote(s, 1), Some(false));
+            // Twice: refused, nothing changes.
+            assert_eq!(Slab::push_remote(s, 1), None);
+            // Another word: its summary bit, but the slab is queued already.
+            assert_eq!(Slab::push_remote(s, 70), Some(false));
+            let summary = (*s).shared.remote.load(Ordering::Relaxed);
+            assert_eq!(summary, QUEUED | summary_bit(0) | summary_bit(1));
+            assert_eq!((*Slab::remote_bits(s)).load(Ordering::Relaxed), 0b11);
+            assert_eq!((*Slab::remote_bits(s).add(1)).load(Ordering::Relaxed), 1 << 6);
         }
     }
 }

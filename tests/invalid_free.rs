@@ -67,13 +67,6 @@ fn foreign_pointer_aborts() {
 }
 
 #[test]
-fn forged_remote_free_link_aborts() {
-    // A write after free puts a live slot's address where a freed slot keeps its remote-free link:
-    // the owner must not take the live slot for a free one (it would hand it out twice).
-    expect_abort("forged_link", "free(): corrupted remote free list");
-}
-
-#[test]
 #[ignore = "run by the tests above in a child process"]
 fn child() {
     let case = std::env::var("EDGEPOOL_TEST_BAD_FREE_CASE").unwrap();
@@ -131,16 +124,6 @@ fn child() {
                 let p = edgepool::raw::alloc(1 << 20, 16);
                 edgepool::raw::free(p);
                 edgepool::raw::free(p);
-            }
-            "forged_link" => {
-                let (x, live) = (edgepool::raw::alloc(100, 16) as usize, edgepool::raw::alloc(100, 16) as usize);
-                std::thread::spawn(move || edgepool::raw::free(x as *mut u8)).join().unwrap();
-                // The program's bug: it writes after free, a pointer to a live block of the same slab
-                // (plain, as an attacker without the key would).
-                (x as *mut usize).write(live);
-                // The owner applies the remote list when it refills this class.
-                let v: Vec<*mut u8> = (0..2000).map(|_| edgepool::raw::alloc(100, 16)).collect();
-                eprintln!("the forged link was followed: {} blocks, {live:#x} live", v.len());
             }
             "foreign" => {
                 let mut x = [0u8; 64];

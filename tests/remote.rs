@@ -95,3 +95,38 @@ fn a_producer_reuses_its_remotely_freed_slots_before_fresh_ones() {
     .unwrap();
     edgepool::check_heap().unwrap();
 }
+
+/// A write after free cannot make the owner hand out a live slot: a slot another thread frees is a
+/// bit in its slab's table entry, and nothing the owner takes back is read out of the freed slot.
+/// (When remote frees were a list linked through the freed slots, the same write forged a link.)
+#[test]
+fn a_write_after_a_remote_free_cannot_hand_out_a_live_slot() {
+    std::thread::spawn(|| {
+        let (x, live) = (edgepool::raw::alloc(100, 16) as usize, edgepool::raw::alloc(100, 16) as usize);
+        std::thread::spawn(move || {
+            // SAFETY: a live block, given up here.
+            unsafe { edgepool::raw::free(x as *mut u8) }
+        })
+        .join()
+        .unwrap();
+        // The program's bug: it writes after free, a pointer to a live block of the same slab, into
+        // both of the freed slot's first words.
+        // SAFETY: deliberately wrong (the slot is freed), but it lies in a mapped slab.
+        unsafe {
+            (x as *mut usize).write(live);
+            (x as *mut usize).add(1).write(live);
+        }
+        let v: Vec<usize> = (0..2000).map(|_| edgepool::raw::alloc(100, 16) as usize).collect();
+        assert!(!v.contains(&live), "a live block was handed out again");
+        assert!(v.contains(&x), "the remotely freed slot did not come back");
+        let distinct: std::collections::HashSet<usize> = v.iter().copied().collect();
+        assert_eq!(distinct.len(), v.len());
+        for p in v.into_iter().chain([live]) {
+            // SAFETY: live blocks of this thread.
+            unsafe { edgepool::raw::free(p as *mut u8) };
+        }
+    })
+    .join()
+    .unwrap();
+    edgepool::check_heap().unwrap();
+}

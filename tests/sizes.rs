@@ -203,28 +203,33 @@ fn vec_growth_and_strings() {
     assert_eq!(m["4242"], 4242);
 }
 
-/// A slab's bitmap lives in its 512-byte slab-table entry, which has bits for 3072 slots: the 16-byte
-/// class (room for 4096 in a 64 KiB block) hands out only the first 48 KiB of each slab and never
-/// touches the rest, and every slot it hands out is distinct.
+/// A slab's two bitmaps (free slots, and slots other threads freed) live in its 512-byte slab-table
+/// entry, which has room for 1536 slots in each: the 16- and 32-byte classes (room for 4096 and 2048
+/// in a 64 KiB block) hand out only the first 24 and 48 KiB of each slab and never touch the rest,
+/// and every slot they hand out is distinct.
 #[test]
-fn the_16_byte_class_uses_the_first_48_kib_of_its_slabs() {
-    std::thread::spawn(|| {
-        let ps: Vec<usize> = (0..10_000).map(|_| edgepool::raw::alloc(16, 16) as usize).collect();
-        assert!(ps.iter().all(|&p| p != 0));
-        let mut slabs = std::collections::HashMap::new();
-        for &p in &ps {
-            assert!(p % 65536 < 3072 * 16, "slot at offset {} of its 64 KiB slab", p % 65536);
-            *slabs.entry(p / 65536).or_insert(0usize) += 1;
-        }
-        assert!(slabs.values().all(|&n| n <= 3072));
-        let distinct: std::collections::HashSet<usize> = ps.iter().copied().collect();
-        assert_eq!(distinct.len(), ps.len());
-        for p in ps {
-            // SAFETY: live blocks of this thread.
-            unsafe { edgepool::raw::free(p as *mut u8) };
-        }
-    })
-    .join()
-    .unwrap();
+fn the_16_and_32_byte_classes_use_the_first_1536_slots_of_their_slabs() {
+    for size in [16, 32] {
+        std::thread::spawn(move || {
+            let ps: Vec<usize> = (0..10_000).map(|_| edgepool::raw::alloc(size, 16) as usize).collect();
+            assert!(ps.iter().all(|&p| p != 0));
+            let mut slabs = std::collections::HashMap::new();
+            for &p in &ps {
+                assert!(p % 65536 < 1536 * size, "{size}-byte slot at offset {} of its 64 KiB slab", p % 65536);
+                *slabs.entry(p / 65536).or_insert(0usize) += 1;
+            }
+            assert!(slabs.values().all(|&n| n <= 1536));
+            // Full slabs: the first 1536 slots of each are all handed out before another slab.
+            assert!(slabs.values().filter(|&&n| n == 1536).count() >= 10_000 / 1536 - 1);
+            let distinct: std::collections::HashSet<usize> = ps.iter().copied().collect();
+            assert_eq!(distinct.len(), ps.len());
+            for p in ps {
+                // SAFETY: live blocks of this thread.
+                unsafe { edgepool::raw::free(p as *mut u8) };
+            }
+        })
+        .join()
+        .unwrap();
+    }
     edgepool::check_heap().unwrap();
 }

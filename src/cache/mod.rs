@@ -10,7 +10,8 @@
 //! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
 //!                                                 (or, when full, set the bit in word or bitmap)
 //!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
-//!   └─ remote::free(p, slab)    [cold]  CAS onto the slab's remote list (+ queue the slab once)
+//!   └─ remote::free(p, slab)    [cold]  set the slot's bit in the slab's remote bitmap (+ queue the
+//!                                       slab once)
 //! ```
 //! Instruction budget, measured (`cargo build --release --example asm_probe && python3
 //! scripts/fast-path-insns.py`, x86-64): from the entry of `raw::alloc` to its return, an allocation
@@ -25,8 +26,8 @@
 //!
 //! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the
 //! slot's second word, and an allocation clears it. A free that finds the mark already there checks
-//! whether the slot is free — on the row's stack, in the checked-out word or the bitmap, on the slab's
-//! remote list — and aborts if so ([`free_marked`]); so a slot freed twice is never handed out twice,
+//! whether the slot is free — on the row's stack, in the checked-out word or the bitmap, in the slab's
+//! remote bitmap — and aborts if so ([`free_marked`]); so a slot freed twice is never handed out twice,
 //! whether the frees land on the stack, the bitmap or both. (A slot on a page that a phase end, or
 //! a sweep inside a phase (`settle::sweep_if_due`), purged has lost its mark: freeing it again is
 //! caught only if it reaches the bitmap.)
@@ -643,7 +644,8 @@ unsafe fn owner_release(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut 
 #[cold]
 #[inline(never)]
 unsafe fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8) {
-    // SAFETY: owner: the row, its stack, the slab's bitmap and its remote list are ours to read.
+    // SAFETY: owner: the row, its stack and the slab's bitmap are ours to read; the remote bitmap is
+    // atomic.
     unsafe {
         let row = row_of(cache, slab);
         let stack = (&raw const (*row).stack).cast::<*mut u8>();
@@ -651,7 +653,7 @@ unsafe fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8
         let (w, bit) = ((idx >> 6) as u32, 1u64 << (idx & 63));
         let in_word = (*row).current == slab && (*row).widx == w;
         let free_bit = if in_word { (*row).word & bit != 0 } else { *Slab::bits(slab).add(w as usize) & bit != 0 };
-        if stacked || free_bit || remote::is_listed(slab, p) {
+        if stacked || free_bit || remote::is_listed(slab, idx) {
             os::invalid_pointer(p, "free(): double free detected");
         }
         owner_release(cache, slab, idx, p);
@@ -688,6 +690,35 @@ unsafe fn release_slot(row: *mut ClassState, slab: *mut Slab, idx: usize, p: *mu
         (*slab).free_count += 1;
     }
     true
+}
+
+/// Returns the slots of `bits` in word `w` of `slab` (other threads' frees) to the row's checked-out
+/// word if it is that word, else to the slab's bitmap, lowering the search hint and counting them
+/// free. Aborts on a slot that is free already (a double free).
+///
+/// # Safety
+/// - owner; `row` is `slab`'s row; `w < nwords`; `bits` are slots of the slab that were in use.
+unsafe fn release_bits(row: *mut ClassState, slab: *mut Slab, w: u32, bits: u64) {
+    // SAFETY: owner: the row and the slab's bitmap are ours; w < nwords.
+    unsafe {
+        let word = if (*row).widx == w && (*row).current == slab {
+            &raw mut (*row).word
+        } else {
+            (*slab).free_count += bits.count_ones();
+            if w < (*slab).hint {
+                (*slab).hint = w;
+            }
+            Slab::bits(slab).add(w as usize)
+        };
+        let twice = *word & bits;
+        if twice != 0 {
+            let p = (*slab).data.add(
+                (*slab).first as usize + (w as usize * 64 + twice.trailing_zeros() as usize) * (*slab).size as usize,
+            );
+            os::invalid_pointer(p, "free(): double free detected");
+        }
+        *word |= bits;
+    }
 }
 
 /// Whether a slab whose free count just grew must move lists: a full slab now has free slots, or a

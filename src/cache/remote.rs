@@ -1,12 +1,13 @@
-//! Frees from other threads. A thread that frees a slot of a slab it does not own pushes the slot
-//! onto the slab's remote list (a lock-free stack linked through the slots' first words); the first
-//! push since the owner last collected also sets `QUEUED` and pushes the slab onto its owner's remote
-//! queue, so the owner finds it in its slow path even if it never touches that slab again (memory
-//! freed by a consumer thread comes back). Only the owner applies the lists to the bitmaps.
+//! Frees from other threads. A thread that frees a slot of a slab it does not own sets the slot's bit
+//! in the slab's remote bitmap (one atomic OR; a bit already set is a double free); the first since
+//! the owner last collected also sets `QUEUED` and pushes the slab onto its owner's remote queue, so
+//! the owner finds it in its slow path even if it never touches that slab again (memory freed by a
+//! consumer thread comes back). Only the owner takes the remote bits into its bitmap, a word at a
+//! time, without reading the slots.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::{cache_of, life, owner_free, refile, Cache};
+use super::{cache_of, life, refile, release_bits, row_of, Cache};
 use crate::os;
 use crate::size_class::NCLASSES;
 use crate::slab::{self, Slab, QUEUED};
@@ -22,8 +23,8 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
     // SAFETY: the slab is live and `p` is ours to give up (contract); it is validated before it is
     // linked. The owner cache is never freed, and its `remote` queue is atomic.
     unsafe {
-        let _ = Slab::index_of(slab, p);
-        // The freed mark, so that an owner's later free of the same slot finds it on the remote list.
+        let idx = Slab::index_of(slab, p);
+        // The freed mark, so that an owner's later free of the same slot looks in the remote bitmap.
         // A slot that carries it already was freed before (by its owner or another thread): this
         // thread cannot look into the owner's structures to confirm, but a live block holds the mark
         // only if the program read it out of freed memory (or by a 2^-64 coincidence), so it aborts.
@@ -33,7 +34,10 @@ pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
         }
         *mark = slab::freed_mark();
         count_remote_free((*slab).class as usize);
-        if Slab::push_remote(slab, p) {
+        let Some(queue) = Slab::push_remote(slab, idx) else {
+            os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
+        };
+        if queue {
             let q = &(*cache_of((*slab).owner)).remote;
             let mut head = q.load(Ordering::Relaxed);
             loop {
@@ -85,8 +89,8 @@ pub(super) unsafe fn drain(cache: *mut Cache) -> usize {
         let mut n = 0;
         while !s.is_null() {
             let next = (*s).shared.remote_next.load(Ordering::Relaxed);
-            let list = (*s).shared.remote.swap(0, Ordering::Acquire) & !QUEUED;
-            apply(cache, s, list);
+            let summary = (*s).shared.remote.swap(0, Ordering::Acquire) & !QUEUED;
+            apply(cache, s, summary);
             refile(s);
             n += 1;
             s = next;
@@ -95,27 +99,35 @@ pub(super) unsafe fn drain(cache: *mut Cache) -> usize {
     }
 }
 
-/// Applies a remote list (a chain of slots linked through their first word) to `slab`.
+/// Takes the remote words that `summary` names (summary bits, `QUEUED` clear) back into `slab`'s
+/// bitmap. Returns the number of slots taken.
 ///
 /// # Safety
-/// - owner: `cache` is owned by the calling thread and owns `slab`; `list` was taken from the slab's
-///   `remote` with acquire ordering.
-unsafe fn apply(cache: *mut Cache, slab: *mut Slab, mut list: usize) -> u32 {
+/// - owner: `cache` is owned by the calling thread and owns `slab`; `summary` was taken from the
+///   slab's `remote` with acquire ordering.
+unsafe fn apply(cache: *mut Cache, slab: *mut Slab, mut summary: usize) -> u32 {
     let mut n = 0;
-    while list != 0 {
-        let p = list as *mut u8;
-        // SAFETY: every list member is a dead slot of this slab; its first word links the next.
-        unsafe {
-            list = Slab::next_remote(slab, p);
-            owner_free(cache, slab, p);
+    // SAFETY: owner; every summary bit names a word below `nwords`; the remote words are atomic.
+    unsafe {
+        let row = row_of(cache, slab);
+        let remote = Slab::remote_bits(slab);
+        while summary != 0 {
+            // Summary bit `w + 1` names word `w` (`slab::summary_bit`).
+            let w = (summary.trailing_zeros() - 1) as usize;
+            summary &= summary - 1;
+            // Acquire: the freeing threads' writes to the slots happen before they are handed out.
+            let bits = (*remote.add(w)).swap(0, Ordering::Acquire);
+            if bits != 0 {
+                release_bits(row, slab, w as u32, bits);
+                n += bits.count_ones();
+            }
         }
-        n += 1;
     }
     n
 }
 
-/// Takes `slab`'s remote list while keeping `QUEUED` (owner only, outside the queue). Returns the
-/// slots applied.
+/// Takes `slab`'s remote bits back while keeping `QUEUED` (owner only, outside the queue). Returns
+/// the slots taken.
 ///
 /// # Safety
 /// - owner: `cache` is owned by the calling thread and owns `slab`.
@@ -126,25 +138,15 @@ pub(super) unsafe fn collect(cache: *mut Cache, slab: *mut Slab) -> u32 {
         return 0;
     }
     let old = remote.fetch_and(QUEUED, Ordering::Acquire);
-    // SAFETY: owner; the list was taken with acquire ordering.
+    // SAFETY: owner; the summary was taken with acquire ordering.
     unsafe { apply(cache, slab, old & !QUEUED) }
 }
 
-/// Whether slot `p` of `slab` is on the slab's remote list.
+/// Whether slot `idx` of `slab` was freed by another thread and not taken back yet.
 ///
 /// # Safety
-/// - owner: the calling thread owns `slab` (only the owner takes the list, so the chain below the
-///   head it reads stays as it is).
-pub(super) unsafe fn is_listed(slab: *mut Slab, p: *mut u8) -> bool {
-    // SAFETY: the slab is live; the list's members are dead slots linked through their first word.
-    unsafe {
-        let mut l = (*slab).shared.remote.load(Ordering::Acquire) & !QUEUED;
-        while l != 0 {
-            if l == p as usize {
-                return true;
-            }
-            l = Slab::next_remote(slab, l as *mut u8);
-        }
-    }
-    false
+/// - `slab` is live and `idx < nslots`.
+pub(super) unsafe fn is_listed(slab: *mut Slab, idx: usize) -> bool {
+    // SAFETY: w < nwords; atomic words.
+    unsafe { (*Slab::remote_bits(slab).add(idx >> 6)).load(Ordering::Acquire) & (1u64 << (idx & 63)) != 0 }
 }

@@ -173,7 +173,7 @@ unsafe fn sweep_load_rows(cache: *mut Cache) -> (usize, usize) {
 ///
 /// # Safety
 /// - `s` is a live slab owned by the caller with no word checked out and no stacked slot, so that a
-///   set bit is a free slot. (Slots on its remote list, not applied yet, have their bits clear: they
+///   set bit is a free slot. (Slots in its remote bitmap, not taken back yet, have their bits clear: they
 ///   only keep their pages.)
 unsafe fn purge_free_pages(s: *mut Slab) -> usize {
     const PAGES: usize = SLAB_SIZE / os::PAGE;
