@@ -132,7 +132,7 @@ fn acquire_raw() -> *mut Cache {
     // onto the list of all caches once initialised (release).
     unsafe {
         // `row` only computes an address inside the block: nothing is read before the write.
-        c.write(Cache::new(row(c, phase_state::process_row_base())));
+        Cache::init_at(c, row(c, phase_state::process_row_base()));
         let mut head = ALL.load(Ordering::Relaxed);
         loop {
             (*c).all_next = head;

@@ -163,8 +163,6 @@ pub struct Cache {
     all_next: *mut Cache,
     /// Next cache in the pool of abandoned caches (pool lock).
     pool_next: *mut Cache,
-    /// Recently freed medium runs (owner only; see [`runs`]).
-    runs: runs::Runs,
     /// Per class, the load row's `count` when its rows were last settled (owner only).
     load_mark: [u64; NCLASSES],
     /// The bytes of load-row slots freed (`settle::load_freed`) at which the next sweep of the load
@@ -173,6 +171,10 @@ pub struct Cache {
     /// Per class, slots of other caches' slabs that this cache's thread freed (owner writes, with
     /// [`bump`]; any thread reads).
     remote_freed: [AtomicU64; NCLASSES],
+    /// Recently freed medium runs (owner only; see [`runs`]). Last, so that the end of its table of
+    /// runs has a page of its own that only a thread which caches runs touches (see
+    /// [`Cache::init_at`]).
+    runs: runs::Runs,
 }
 
 /// A static that is never written: the empty slab and the empty cache.
@@ -220,10 +222,59 @@ impl Cache {
             remote: AtomicPtr::new(core::ptr::null_mut()),
             all_next: core::ptr::null_mut(),
             pool_next: core::ptr::null_mut(),
-            runs: runs::Runs::new(),
             load_mark: [0; NCLASSES],
             sweep_at: settle::SWEEP_MIN,
             remote_freed: [const { AtomicU64::new(0) }; NCLASSES],
+            runs: runs::Runs::new(),
+        }
+    }
+
+    /// Writes [`Cache::new`]`(rows_now)` at `c` field by field. Built whole and copied (`c.write(
+    /// Cache::new(..))`), the 16 KiB cache was a temporary in `life::acquire_raw`'s 11.6 KiB stack
+    /// frame, three pages of every new thread's stack touched for it; and the run table's entries
+    /// need no writing (only the first `n[k]` of each bin are ever read), so its last page stays
+    /// untouched in a thread that never caches a run.
+    ///
+    /// # Safety
+    /// - `c` is a writable, 64-aligned block of `size_of::<Cache>()` bytes that nothing else uses.
+    unsafe fn init_at(c: *mut Cache, rows_now: *mut ClassState) {
+        // Every field is written below: a field added to `Cache` must be added here (this pattern
+        // stops compiling until it is).
+        #[allow(dead_code)]
+        fn every_field(c: Cache) {
+            let Cache {
+                rows: _,
+                rows_now: _,
+                depth: _,
+                settle_pending: _,
+                chunk: _,
+                spare: _,
+                remote: _,
+                all_next: _,
+                pool_next: _,
+                load_mark: _,
+                sweep_at: _,
+                remote_freed: _,
+                runs: _,
+            } = c;
+        }
+        // SAFETY: field projections of a block we may write (contract), no reference formed.
+        unsafe {
+            for i in 0..ROWS {
+                row(c, i).write(EMPTY_ROW);
+            }
+            (&raw mut (*c).rows_now).write(AtomicPtr::new(rows_now));
+            (&raw mut (*c).depth).write(AtomicUsize::new(0));
+            (&raw mut (*c).settle_pending).write(AtomicBool::new(false));
+            (&raw mut (*c).chunk).write(core::ptr::null_mut());
+            (&raw mut (*c).spare).write(core::ptr::null_mut());
+            (&raw mut (*c).remote).write(AtomicPtr::new(core::ptr::null_mut()));
+            (&raw mut (*c).all_next).write(core::ptr::null_mut());
+            (&raw mut (*c).pool_next).write(core::ptr::null_mut());
+            (&raw mut (*c).load_mark).write([0; NCLASSES]);
+            (&raw mut (*c).sweep_at).write(settle::SWEEP_MIN);
+            (&raw mut (*c).remote_freed).write([const { AtomicU64::new(0) }; NCLASSES]);
+            runs::Runs::init_at(&raw mut (*c).runs);
         }
     }
 }

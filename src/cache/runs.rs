@@ -55,6 +55,19 @@ impl Runs {
     pub const fn new() -> Runs {
         Runs { bytes: 0, epoch: 0, n: [0; RUN_PAGES], slot: [[core::ptr::null_mut(); SLOTS]; RUN_PAGES] }
     }
+
+    /// Makes the cache at `r` empty without writing `slot` (only `slot[k][..n[k]]` is ever read).
+    ///
+    /// # Safety
+    /// - `r` is writable and nothing else uses it.
+    pub unsafe fn init_at(r: *mut Runs) {
+        // SAFETY: field projections of memory we may write (contract).
+        unsafe {
+            (&raw mut (*r).bytes).write(0);
+            (&raw mut (*r).epoch).write(0);
+            (&raw mut (*r).n).write([0; RUN_PAGES]);
+        }
+    }
 }
 
 /// Whether run caching is on now: no load phase open, no budget, not the hardened mode.
