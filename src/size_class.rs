@@ -17,17 +17,22 @@ pub const SLAB_SIZE: usize = 1 << SLAB_SHIFT;
 pub const SLAB_HEADER: usize = 128;
 /// Slab headers and bitmaps live out of band, in a table beside the page map (see `heap`), one entry
 /// of this many bytes per 64 KiB of the heap's region: an overflow past a slab's last slot reaches
-/// the next slab's first slot, never allocator state. 512 bytes: the header and two bitmaps of up to
+/// the next slab's first slot, never allocator state. 1 KiB: the header and two bitmaps of up to
 /// [`MAX_SLOTS`] slots each, the owner's bitmap of free slots and the bitmap of slots other threads
 /// freed (see `slab`). Every slab in use keeps its entry's page resident, so the entry's size is a
-/// share of every slab's cost (1 KiB entries made the table 0.7 MiB of a model load's 190 MiB peak).
-pub const SLAB_META_SHIFT: u32 = 9;
+/// share of every slab's cost. 512-byte entries (one bitmap of 3072 slots, before remote frees
+/// became bits) would hold both bitmaps only for 1536 slots: the 16-byte class's slabs would use
+/// 24 KiB of their 64 KiB and the 32-byte class's 48, and a memory budget, which counts slabs
+/// whole, would count a program of 16-byte objects at 2.7 times its slots (1.14 times now). Measured
+/// against 512-byte entries: `model_load`'s peak the same (182.9 and 183.3 MiB), the footprint
+/// program's anonymous memory 20 KiB more (796 and 776 KiB).
+pub const SLAB_META_SHIFT: u32 = 10;
 pub const SLAB_META: usize = 1 << SLAB_META_SHIFT;
 /// Words in each of the two bitmaps of a slab-table entry.
 pub const MAX_WORDS: usize = (SLAB_META - SLAB_HEADER) / 16;
-/// Most slots a slab holds: as many as each bitmap in its table entry has bits (1536). Only the 16-
-/// and 32-byte classes have more room than that (4096 and 2048 slots); their slabs use the first 24
-/// and 48 KiB, and the rest of the block is never touched.
+/// Most slots a slab holds: as many as each bitmap in its table entry has bits (3584). Only the
+/// 16-byte class has more room than that (4096 slots); its slabs use the first 56 KiB, and the rest
+/// of the block is never touched.
 pub const MAX_SLOTS: usize = MAX_WORDS * 64;
 
 pub const CLASS_SIZES: [usize; 20] =

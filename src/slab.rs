@@ -11,7 +11,7 @@
 //! ring's time, `benches/suite/rptest.c`).
 //!
 //! ```text
-//! header entry:  0        64          128                 128 + 8 MAX_WORDS        SLAB_META (512)
+//! header entry:  0        64          128                 128 + 8 MAX_WORDS        SLAB_META (1024)
 //!                | owner  | shared    | free bitmap (u64s) | remote bitmap (atomic u64s) |
 //! data block:    0                                                         64 KiB
 //!                | slot 0 | slot 1 | ...                      | slot n-1 | (slack) |

@@ -203,24 +203,24 @@ fn vec_growth_and_strings() {
     assert_eq!(m["4242"], 4242);
 }
 
-/// A slab's two bitmaps (free slots, and slots other threads freed) live in its 512-byte slab-table
-/// entry, which has room for 1536 slots in each: the 16- and 32-byte classes (room for 4096 and 2048
-/// in a 64 KiB block) hand out only the first 24 and 48 KiB of each slab and never touch the rest,
-/// and every slot they hand out is distinct.
+/// A slab's two bitmaps (free slots, and slots other threads freed) live in its 1 KiB slab-table
+/// entry, which has room for 3584 slots in each: the 16-byte class (room for 4096 in a 64 KiB
+/// block) hands out only the first 56 KiB of each slab and never touches the rest, the 32-byte class
+/// fills its slabs, and every slot they hand out is distinct.
 #[test]
-fn the_16_and_32_byte_classes_use_the_first_1536_slots_of_their_slabs() {
-    for size in [16, 32] {
+fn the_16_byte_class_uses_the_first_56_kib_of_its_slabs_and_the_32_byte_class_all() {
+    for (size, per_slab) in [(16, 3584), (32, 2048)] {
         std::thread::spawn(move || {
-            let ps: Vec<usize> = (0..10_000).map(|_| edgepool::raw::alloc(size, 16) as usize).collect();
+            let ps: Vec<usize> = (0..20_000).map(|_| edgepool::raw::alloc(size, 16) as usize).collect();
             assert!(ps.iter().all(|&p| p != 0));
             let mut slabs = std::collections::HashMap::new();
             for &p in &ps {
-                assert!(p % 65536 < 1536 * size, "{size}-byte slot at offset {} of its 64 KiB slab", p % 65536);
+                assert!(p % 65536 < per_slab * size, "{size}-byte slot at offset {} of its 64 KiB slab", p % 65536);
                 *slabs.entry(p / 65536).or_insert(0usize) += 1;
             }
-            assert!(slabs.values().all(|&n| n <= 1536));
-            // Full slabs: the first 1536 slots of each are all handed out before another slab.
-            assert!(slabs.values().filter(|&&n| n == 1536).count() >= 10_000 / 1536 - 1);
+            assert!(slabs.values().all(|&n| n <= per_slab));
+            // Full slabs: every slot of each is handed out before another slab.
+            assert!(slabs.values().filter(|&&n| n == per_slab).count() >= 20_000 / per_slab - 1);
             let distinct: std::collections::HashSet<usize> = ps.iter().copied().collect();
             assert_eq!(distinct.len(), ps.len());
             for p in ps {
