@@ -20,8 +20,8 @@ use crate::stats::{self, COUNTERS};
 #[cold]
 #[inline(never)]
 pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
-    // SAFETY: the slab is live and `p` is ours to give up (contract); it is validated before it is
-    // linked. The owner cache is never freed, and its `remote` queue is atomic.
+    // SAFETY: the slab is live and `p` is ours to give up (contract); it is validated before its
+    // bit is set. The owner cache is never freed, and its `remote` queue is atomic.
     unsafe {
         let idx = Slab::index_of(slab, p);
         // The freed mark, so that an owner's later free of the same slot looks in the remote bitmap.
