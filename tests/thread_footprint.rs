@@ -10,13 +10,11 @@ const PAGE: usize = 4096;
 const WINDOW: usize = 64 << 10;
 const STACK: usize = 1 << 20;
 
-/// Resident pages among the `WINDOW / PAGE` pages below `top`.
+/// Resident pages among the `WINDOW / PAGE` pages below `top` (inside the thread's own stack
+/// mapping: STACK bytes, far more than WINDOW below any frame of this thread).
 fn resident(top: usize) -> usize {
     let mut v = [0u8; WINDOW / PAGE];
-    // SAFETY: the range lies inside the thread's own stack mapping (STACK bytes, far more than
-    // WINDOW below any frame of this thread); `v` has one byte per page.
-    let rc = unsafe { libc::mincore((top - WINDOW) as *mut c_void, WINDOW, v.as_mut_ptr()) };
-    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    assert!(edgepool::os::resident_pages((top - WINDOW) as *mut u8, WINDOW, &mut v), "mincore failed");
     v.iter().filter(|&&b| b & 1 != 0).count()
 }
 

@@ -146,7 +146,7 @@ pub(super) unsafe fn collect(cache: *mut Cache, slab: *mut Slab) -> u32 {
 ///
 /// # Safety
 /// - `slab` is live and `idx < nslots`.
-pub(super) unsafe fn is_listed(slab: *mut Slab, idx: usize) -> bool {
+pub(super) unsafe fn is_remote_freed(slab: *mut Slab, idx: usize) -> bool {
     // SAFETY: w < nwords; atomic words.
     unsafe { (*Slab::remote_bits(slab).add(idx >> 6)).load(Ordering::Acquire) & (1u64 << (idx & 63)) != 0 }
 }
