@@ -153,8 +153,14 @@ unsafe fn give_back(chunk: *mut Chunk) {
 mod tests {
     use super::*;
 
+    /// Held by each test that gives a chunk back: the first counts the chunks given back process-wide
+    /// (`arena_chunks_released`), and the test harness runs tests on parallel threads (a chunk the
+    /// other test gave back in between once failed it in CI).
+    static CHUNK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn objects_are_bumped_found_and_the_chunk_goes_back_after_the_last_free() {
+        let _serial = CHUNK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let c = new_chunk();
         assert!(!c.is_null());
         let released = COUNTERS.arena_chunks_released.load(Ordering::Relaxed);
@@ -179,6 +185,7 @@ mod tests {
 
     #[test]
     fn a_full_chunk_says_so() {
+        let _serial = CHUNK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let c = new_chunk();
         assert!(!c.is_null());
         let mut n = 0;
