@@ -620,6 +620,29 @@ impl Buddy {
         }
     }
 
+    /// Frees the run whose head is `idx`, its first `clean` pages already returned to the OS (they
+    /// read as zero, but were handed out: `USED`), the rest dirty.
+    ///
+    /// # Safety
+    /// - as [`Buddy::free_run`]; `clean` is at most the run's length, and its first `clean` pages
+    ///   were purged after their last write.
+    pub unsafe fn free_run_purged_prefix(&mut self, idx: u32, clean: u32) {
+        // SAFETY: idx is the head of a live run (caller's contract), below frontier; its pages are
+        // the caller's, and the bits say which of them are dirty before they are merged.
+        unsafe {
+            let n = self.run_pages(idx);
+            debug_assert!(clean <= n);
+            let clean = clean.min(n);
+            if clean > 0 {
+                self.set_dirty(idx, clean, false);
+            }
+            if clean < n {
+                self.set_dirty(idx + clean, n - clean, true);
+            }
+            self.merge_range(idx, idx + n, USED);
+        }
+    }
+
     /// The free block that contains page `i`, if any: its head and order.
     fn free_block_at(&self, i: u32) -> Option<(u32, u32)> {
         if i >= self.frontier {
@@ -1113,6 +1136,36 @@ mod tests {
             // Purged, everything merges back into the top block.
             b.purge(usize::MAX, |_, _, _| Some(0));
             assert!(b.alloc(18, META).is_some());
+        });
+    }
+
+    #[test]
+    fn a_run_freed_with_a_purged_prefix_counts_only_the_rest_dirty() {
+        with_buddy(18, 1, |b| {
+            let total = b.free_bytes;
+            let (a, _) = b.alloc_run(40, MIN_ORDER).unwrap();
+            // SAFETY: a live run of 40 pages, given up once; its first 24 pages "were purged".
+            unsafe { b.free_run_purged_prefix(a, 24) };
+            b.check().unwrap();
+            assert_eq!(b.free_bytes, total);
+            assert_eq!(b.dirty_bytes, 16 * PAGE);
+            assert_eq!(b.count_dirty(a, 24), 0);
+            assert_eq!(b.count_dirty(a + 24, 16), 16);
+            // The purged pages were handed out: taken again, they are not known to read zero.
+            let (c, flags) = b.alloc_run(40, MIN_ORDER).unwrap();
+            assert_eq!(c, a);
+            assert_eq!(flags & USED, USED);
+            assert_eq!(b.taken_dirty, 16);
+            free_run(b, c);
+            // A whole prefix and none.
+            let (d, _) = b.alloc_run(8, MIN_ORDER).unwrap();
+            // SAFETY: as above.
+            unsafe { b.free_run_purged_prefix(d, 8) };
+            let (e, _) = b.alloc_run(8, MIN_ORDER).unwrap();
+            // SAFETY: as above.
+            unsafe { b.free_run_purged_prefix(e, 0) };
+            b.check().unwrap();
+            assert_eq!(b.free_bytes, total);
         });
     }
 

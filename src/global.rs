@@ -248,31 +248,35 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
         if load {
             cache::settle::sweep_if_due();
         }
-        return match heap::alloc_large(size, align, load) {
-            Some((p, flags, bytes, resident)) => {
-                stats::add(&COUNTERS.large_allocs, 1);
-                if load && prefault && !zeroed && bytes - resident >= PREFAULT_MIN && heap::load_prefault() {
-                    // SAFETY: a page-aligned, read-write run of `bytes` that this call owns, mostly
-                    // fresh pages (populating the resident ones changes nothing).
-                    unsafe { os::populate(p, bytes) };
-                }
-                if load {
-                    phase::LOAD_LARGE_ALLOCS.fetch_add(1, Ordering::Relaxed);
-                    stats::add(&phase::LOAD_LARGE_LIVE, bytes);
-                }
-                // Purged pages read zero unless the program wrote to them after freeing them: only
-                // pages never handed out are trusted to be zero.
-                if zeroed && flags & (buddy::DIRTY | buddy::USED) != 0 {
-                    // SAFETY: the block holds at least `size` bytes.
-                    unsafe { core::ptr::write_bytes(p, 0, size) };
-                }
-                p
-            }
-            None => core::ptr::null_mut(),
-        };
+        return large_block(size, align, zeroed, prefault, load).map_or(core::ptr::null_mut(), |(p, _)| p);
     }
     // Fresh mappings are zero: nothing to clear.
     direct::alloc(size, align)
+}
+
+/// A large block from the heap for [`alloc_general_with`] (the thread's run cache missed) and for a
+/// block that `realloc` moves: the block, and how many of its bytes were not resident (the pages it
+/// faults in as it is written).
+#[inline(never)]
+fn large_block(size: usize, align: usize, zeroed: bool, prefault: bool, load: bool) -> Option<(*mut u8, usize)> {
+    let (p, flags, bytes, resident) = heap::alloc_large(size, align, load)?;
+    stats::add(&COUNTERS.large_allocs, 1);
+    if load && prefault && !zeroed && bytes - resident >= PREFAULT_MIN && heap::load_prefault() {
+        // SAFETY: a page-aligned, read-write run of `bytes` that this call owns, mostly fresh pages
+        // (populating the resident ones changes nothing).
+        unsafe { os::populate(p, bytes) };
+    }
+    if load {
+        phase::LOAD_LARGE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        stats::add(&phase::LOAD_LARGE_LIVE, bytes);
+    }
+    // Purged pages read zero unless the program wrote to them after freeing them: only pages never
+    // handed out are trusted to be zero.
+    if zeroed && flags & (buddy::DIRTY | buddy::USED) != 0 {
+        // SAFETY: the block holds at least `size` bytes.
+        unsafe { core::ptr::write_bytes(p, 0, size) };
+    }
+    Some((p, bytes - resident))
 }
 
 /// Allocates zeroed memory.
@@ -512,6 +516,7 @@ unsafe fn realloc_under_valgrind(p: *mut u8, new_size: usize, align: usize) -> *
 /// - as [`realloc`].
 unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
     let new_size = new_size.max(1);
+    let mut moved_out = false;
     let old = match owner::owner(p) {
         Owner::Slab(s) => {
             // SAFETY: live slab header.
@@ -530,6 +535,10 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             usable
         }
         Owner::Large => {
+            // SAFETY: `p` is a large block's head in the region (the owner look-up said so).
+            if unsafe { heap::is_run_cached(p) } {
+                os::invalid_pointer(p, "realloc(): the block was freed (it is in a thread's run cache)");
+            }
             // SAFETY: a live large block head.
             let usable = unsafe { heap::block_size(p) };
             if new_size > SMALL_MAX && new_size <= heap::max_block() {
@@ -548,6 +557,7 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
                     return p;
                 }
             }
+            moved_out = true;
             usable
         }
         Owner::Direct(len) => {
@@ -565,6 +575,40 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
         }
         Owner::Unknown => os::invalid_pointer(p, "realloc(): invalid pointer"),
     };
+    if moved_out
+        && old >= heap::MOVE_OUT_MIN
+        && new_size > old
+        && new_size <= isize::MAX as usize - PAGE
+        && align <= isize::MAX as usize / 2 + 1
+        && !heap::secure()
+    {
+        // A large block grown by moving: as many of its pages go back to the OS as it is copied as
+        // the new block faults in (`heap::move_out`).
+        let (q, fresh) = if new_size <= heap::max_block() && align <= heap::max_block() {
+            let load = cache::current_is_load();
+            if load {
+                cache::settle::sweep_if_due();
+            }
+            match large_block(new_size, align, false, false, load) {
+                Some(b) => b,
+                None => return core::ptr::null_mut(),
+            }
+        } else {
+            // A fresh mapping: every page of it faults in.
+            (direct::alloc(new_size, align), new_size)
+        };
+        if q.is_null() {
+            return q;
+        }
+        stats::add(&COUNTERS.large_frees, 1);
+        // SAFETY: `p` is a live large block head given up here (not in a run cache: checked above),
+        // `q` a distinct live block of more than `old` bytes.
+        let (load, size) = unsafe { heap::move_out(p, q, old, fresh) };
+        if load {
+            stats::sub(&phase::LOAD_LARGE_LIVE, size);
+        }
+        return q;
+    }
     let q = alloc_general_with(new_size, align, false, false);
     if q.is_null() {
         return q;

@@ -992,6 +992,62 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
     })
 }
 
+/// Pieces in which [`move_out`] copies a large block, giving each copied piece of the old block back
+/// to the OS before the next is copied.
+const MOVE_PIECE: usize = 1 << 20;
+
+/// Large blocks from this size on that `realloc` moves are copied by [`move_out`].
+pub const MOVE_OUT_MIN: usize = MOVE_PIECE;
+
+/// Copies the first `len` bytes of the large block `p` to `q` and frees `p`, giving `p`'s pages back
+/// to the OS piece by piece as they are copied, until `give_back` bytes (the new block's fresh
+/// pages, which fault in as they are written) went back: a block grown by moving then holds at the
+/// peak its new size plus one piece, where a copy then a free held both (`scripts/grow-buffer.c`, a
+/// buffer doubled to 128 MiB: 193.6 MiB at the peak before, 129.6 after). A new block of resident
+/// free memory raises no peak, and the old block's pages stay resident for reuse. The freed block
+/// goes to the free lists clean where it was given back (`USED`), dirty elsewhere. Returns what
+/// [`free_block`] returns. Not under `EDGEPOOL_SECURE` (its purged pages are sealed; the caller
+/// copies and frees there).
+///
+/// # Safety
+/// - `p` is the head of a live large block (from [`alloc_large`]) that the caller gives up, `q` a
+///   live block of at least `len` bytes, distinct from `p`, and `len` at most `p`'s size.
+pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> (bool, usize) {
+    let mut clean = 0usize;
+    let mut off = 0usize;
+    while off < len {
+        let n = (len - off).min(MOVE_PIECE);
+        // SAFETY: both blocks are live and distinct, and hold `len` bytes (caller's contract); the
+        // piece of `p` is ours (the block is given up, nothing else reads it) and no longer needed
+        // once copied. A piece that cannot be given back whole ends the giving back: the pages from
+        // it on stay dirty.
+        unsafe {
+            core::ptr::copy_nonoverlapping(p.add(off), q.add(off), n);
+            if clean == off && clean < give_back && os::purge(p.add(off), n) {
+                clean = off + n;
+                stats::add(&COUNTERS.purges, 1);
+                stats::add(&COUNTERS.purged_bytes, n);
+            }
+        }
+        off += n;
+    }
+    let clean_pages = (clean / PAGE) as u32;
+    with_heap_then_purge(|h, batch| {
+        let idx = index_of(p as usize);
+        // SAFETY: p is the head of a live run given up by the caller; its first `clean_pages` pages
+        // were purged above after their last write.
+        let (load, n) = unsafe {
+            let e = h.buddy.entry(idx);
+            let n = h.buddy.run_pages(idx);
+            h.buddy.free_run_purged_prefix(idx, clean_pages.min(n));
+            (e.load == RUN_LOAD, n as usize * PAGE)
+        };
+        h.large_bytes -= n;
+        h.decay(batch);
+        (load, n)
+    })
+}
+
 /// `PageEntry::load` of a live large block's head: allocated outside a load phase.
 pub const RUN_LIVE: u8 = 0;
 /// `PageEntry::load` of a live block's head: allocated inside a load phase.

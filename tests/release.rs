@@ -524,3 +524,56 @@ fn child_os_calls() {
     assert!(edgepool::stats().page_faults >= s5.page_faults + report.page_faults as usize);
     drop(v);
 }
+
+#[test]
+fn a_block_grown_by_moving_gives_its_pages_back_as_it_is_copied() {
+    // Free memory kept resident up to 64 MiB, no decay: without the giving back, the old block's
+    // pages would stay resident after the move.
+    common::run_child("child_move_out", &[("EDGEPOOL_RETAIN", "64M"), ("EDGEPOOL_PURGE_DELAY", "0")]);
+}
+
+#[test]
+#[ignore = "run by a_block_grown_by_moving_gives_its_pages_back_as_it_is_copied in a child process"]
+fn child_move_out() {
+    edgepool::trim();
+    let mut v: Vec<u8> = Vec::with_capacity(8 * MIB);
+    v.extend((0..8 * MIB).map(|i| (i % 251) as u8));
+    let old = v.as_ptr() as usize;
+    // A block right after it, so that it cannot grow in place: 8 MiB blocks are taken lowest address
+    // first, so one of the first few lands there.
+    let mut tries: Vec<Vec<u8>> = Vec::new();
+    let blocker = loop {
+        let b = vec![1u8; 8 * MIB];
+        if b.as_ptr() as usize == old + 8 * MIB {
+            break b;
+        }
+        assert!(tries.len() < 8, "no 8 MiB block was placed after the first: {old:#x}");
+        tries.push(b);
+    };
+    drop(tries);
+    edgepool::trim();
+    let purged0 = edgepool::stats().counters.purged_bytes;
+    let rss0 = edgepool::os::rss_bytes();
+    // Grown to 24 MiB: it moves into fresh pages, and the old block's pages go back as they are
+    // copied (the new block faults in more than the old one holds).
+    v.reserve_exact(16 * MIB);
+    let new = v.as_ptr() as usize;
+    assert_ne!(new, old, "the block grew in place");
+    assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "the contents did not move with the block");
+    let mut res = vec![0u8; 8 * MIB / 4096];
+    assert!(edgepool::os::resident_pages(old as *mut u8, 8 * MIB, &mut res));
+    let resident = res.iter().filter(|&&b| b & 1 != 0).count();
+    assert_eq!(resident, 0, "{resident} pages of the old block are still resident");
+    let s = edgepool::stats();
+    assert!(s.counters.purged_bytes >= purged0 + 8 * MIB, "{s:?}");
+    // The process holds the moved 8 MiB once, not twice (the old block's pages kept for reuse would
+    // be 8 MiB more; the 16 MiB the block grew by are not touched yet).
+    let rss1 = edgepool::os::rss_bytes();
+    assert!(rss1 < rss0 + 4 * MIB, "RSS {rss0} -> {rss1} after the move");
+    // The old block's pages are free and clean; the heap's accounts agree.
+    assert!(s.dirty_free_bytes < 8 * MIB, "{s:?}");
+    v.resize(24 * MIB, 3);
+    assert!(v[8 * MIB..].iter().all(|&b| b == 3));
+    drop((v, blocker));
+    edgepool::check_heap().unwrap();
+}
