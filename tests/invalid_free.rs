@@ -1,8 +1,8 @@
 //! Bad frees are caught with a clear message and `abort()`: an interior pointer, a small block freed
 //! twice (onto the stack of recent frees, onto the bitmap, once on each, by another thread and by its
-//! owner in either order), a large block freed twice (into the run cache or the heap), a pointer that
-//! edgepool never handed out. Each case runs in a child process (this same binary), whose death by
-//! SIGABRT and message are checked.
+//! owner in either order), a large block freed twice (into the run cache or the heap) or passed to
+//! `realloc` while the run cache holds it, a pointer that edgepool never handed out. Each case runs in
+//! a child process (this same binary), whose death by SIGABRT and message are checked.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -54,6 +54,11 @@ fn double_free_first_by_the_owner_then_remote_aborts() {
 #[test]
 fn double_free_of_a_run_in_the_run_cache_aborts() {
     expect_abort("double_cached", "free(): double free (the block is in a thread's run cache)");
+}
+
+#[test]
+fn realloc_of_a_run_in_the_run_cache_aborts() {
+    expect_abort("realloc_cached", "realloc(): the block was freed (it is in a thread's run cache)");
 }
 
 #[test]
@@ -119,6 +124,13 @@ fn child() {
                 let p = edgepool::raw::alloc(32 << 10, 16);
                 edgepool::raw::free(p);
                 edgepool::raw::free(p);
+            }
+            "realloc_cached" => {
+                // Freed into the run cache, then grown: it must not be resized or moved while the
+                // cache holds it.
+                let p = edgepool::raw::alloc(32 << 10, 16);
+                edgepool::raw::free(p);
+                edgepool::raw::realloc(p, 48 << 10, 16);
             }
             "double_large" => {
                 let p = edgepool::raw::alloc(1 << 20, 16);
