@@ -1050,6 +1050,32 @@ mod tests {
     use super::*;
     use crate::size_class::{class_of, GEOMETRY};
 
+    #[test]
+    fn a_new_cache_leaves_the_last_page_of_its_block_untouched() {
+        const PAGE: usize = 4096;
+        let size = core::mem::size_of::<Cache>();
+        assert!(size > 3 * PAGE && size <= 4 * PAGE, "the cache is {size} bytes: revisit this test");
+        // SAFETY: a fresh private anonymous mapping of four pages, ours alone, unmapped at the end;
+        // the cache written there is never used.
+        unsafe {
+            let m = libc::mmap(
+                core::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            let c = m as *mut Cache;
+            Cache::init_at(c, row(c, 0));
+            let mut res = [0u8; 4];
+            assert!(os::resident_pages(m as *mut u8, 4 * PAGE, &mut res));
+            assert_eq!(res.map(|b| b & 1), [1, 1, 1, 0], "pages of a new cache made resident");
+            libc::munmap(m, 4 * PAGE);
+        }
+    }
+
     /// Allocates through the fast path, or the slow path on a miss.
     fn alloc(class: usize) -> *mut u8 {
         match alloc_fast(class) {

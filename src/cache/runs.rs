@@ -44,6 +44,11 @@ static EPOCH: AtomicUsize = AtomicUsize::new(0);
 /// Invariants: `slot[k][..n[k]]` are distinct live runs of exactly `k + 1` pages, not handed out,
 /// each with its head marked [`heap::RUN_CACHED`]; `bytes` is the sum of their sizes, at most
 /// [`RUN_BYTES`]; `epoch` is the [`EPOCH`] value at the last flush (or creation).
+///
+/// Layout: `slot` last (`repr(C)`), so that [`Runs::init_at`] writes only the front; left to Rust,
+/// the counters went after the table, onto the cache's last page, which every thread then made
+/// resident.
+#[repr(C)]
 pub struct Runs {
     bytes: usize,
     epoch: usize,
