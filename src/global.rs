@@ -248,18 +248,25 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
         if load {
             cache::settle::sweep_if_due();
         }
-        return large_block(size, align, zeroed, prefault, load).map_or(core::ptr::null_mut(), |(p, _)| p);
+        return large_block(size, align, zeroed, prefault, load, 0).map_or(core::ptr::null_mut(), |(p, _)| p);
     }
     // Fresh mappings are zero: nothing to clear.
     direct::alloc(size, align)
 }
 
 /// A large block from the heap for [`alloc_general_with`] (the thread's run cache missed) and for a
-/// block that `realloc` moves: the block, and how many of its bytes were not resident (the pages it
-/// faults in as it is written).
+/// block that `realloc` moves a block of `moving` bytes into: the block, and how many of its bytes
+/// were not resident (the pages it faults in as it is written).
 #[inline(never)]
-fn large_block(size: usize, align: usize, zeroed: bool, prefault: bool, load: bool) -> Option<(*mut u8, usize)> {
-    let (p, flags, bytes, resident) = heap::alloc_large(size, align, load)?;
+fn large_block(
+    size: usize,
+    align: usize,
+    zeroed: bool,
+    prefault: bool,
+    load: bool,
+    moving: usize,
+) -> Option<(*mut u8, usize)> {
+    let (p, flags, bytes, resident) = heap::alloc_large_moving(size, align, load, moving)?;
     stats::add(&COUNTERS.large_allocs, 1);
     if load && prefault && !zeroed && bytes - resident >= PREFAULT_MIN && heap::load_prefault() {
         // SAFETY: a page-aligned, read-write run of `bytes` that this call owns, mostly fresh pages
@@ -589,13 +596,18 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
             if load {
                 cache::settle::sweep_if_due();
             }
-            match large_block(new_size, align, false, false, load) {
+            match large_block(new_size, align, false, false, load, old) {
                 Some(b) => b,
                 None => return core::ptr::null_mut(),
             }
         } else {
             // A fresh mapping: every page of it faults in.
-            (direct::alloc(new_size, align), new_size)
+            let peak0 = heap::peak();
+            let q = direct::alloc(new_size, align);
+            if !q.is_null() {
+                heap::unpeak_move(peak0, old);
+            }
+            (q, new_size)
         };
         if q.is_null() {
             return q;

@@ -445,6 +445,16 @@ impl Inner {
         committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
     }
 
+    /// A block that `realloc` moves was just allocated (the peak was `peak0` before), and `give` bytes
+    /// of the old block will go back to the OS as the new one faults in ([`move_out`]): the peak
+    /// counts the two without those bytes, but for one piece.
+    fn unpeak_move(&mut self, peak0: usize, give: usize) {
+        if self.peak > peak0 {
+            let lowered = self.os_bytes().saturating_sub(give) + give.min(MOVE_PIECE);
+            self.peak = peak0.max(lowered.min(self.peak));
+        }
+    }
+
     fn note_peak(&mut self) {
         let now = self.os_bytes();
         if now > self.peak {
@@ -937,6 +947,14 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
 /// fresh pages, known zero and not resident), the run's size, and the bytes of it already resident
 /// (dirty pages reused).
 pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8, usize, usize)> {
+    alloc_large_moving(size, align, load, 0)
+}
+
+/// [`alloc_large`] for a block that `realloc` moves a live block of `moving` bytes into (then
+/// [`move_out`], which gives the old block's pages back as the new one's fresh pages fault in, up to
+/// `moving`): the peak of bytes taken from the OS counts the new block without as many of the old
+/// block's bytes, but for one piece, as the process never holds both whole.
+pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) -> Option<(*mut u8, u8, usize, usize)> {
     if !ensure_init() {
         return None;
     }
@@ -946,11 +964,17 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8
         if run as usize > (1usize << (h.buddy.top - MIN_ORDER)) || order > h.buddy.top {
             return Err(Miss::Refused);
         }
+        let peak0 = h.peak;
         let (idx, flags) = h.alloc(order, PageKind::Large, run, may_grow, batch)?;
-        h.large_bytes += run as usize * PAGE;
+        let bytes = run as usize * PAGE;
+        let resident = h.buddy.taken_dirty as usize * PAGE;
+        h.large_bytes += bytes;
         // SAFETY: idx is the head just allocated.
         unsafe { h.buddy.entry_mut(idx).load = u8::from(load) };
-        Ok((addr_of(idx) as *mut u8, flags, run as usize * PAGE, h.buddy.taken_dirty as usize * PAGE))
+        if moving > 0 {
+            h.unpeak_move(peak0, (bytes - resident).min(moving));
+        }
+        Ok((addr_of(idx) as *mut u8, flags, bytes, resident))
     })
 }
 
@@ -1319,6 +1343,14 @@ pub fn reset_peak() -> usize {
         h.peak = h.os_bytes();
         h.peak
     })
+}
+
+/// [`Inner::unpeak_move`] for a block that `realloc` moved into a direct mapping: the peak was
+/// `peak0` before the mapping was made, and `give` bytes of the old block go back as it is copied.
+pub fn unpeak_move(peak0: usize, give: usize) {
+    if is_ready() {
+        with_heap(|h| h.unpeak_move(peak0, give));
+    }
 }
 
 /// The peak of bytes taken from the OS since the last [`reset_peak`].

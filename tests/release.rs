@@ -576,4 +576,36 @@ fn child_move_out() {
     assert!(v[8 * MIB..].iter().all(|&b| b == 3));
     drop((v, blocker));
     edgepool::check_heap().unwrap();
+
+    // The peak that statistics and phase reports give counts the moved block once too: in a load
+    // phase, 16 MiB grown to 32 MiB by moving raise the OS bytes by about 16 MiB (and one piece),
+    // not 32.
+    let mut v: Vec<u8> = Vec::with_capacity(16 * MIB);
+    v.resize(16 * MIB, 5);
+    let mut tries: Vec<Vec<u8>> = Vec::new();
+    let blocker = loop {
+        let b = vec![1u8; 16 * MIB];
+        if b.as_ptr() as usize == v.as_ptr() as usize + 16 * MIB {
+            break b;
+        }
+        assert!(tries.len() < 8, "no 16 MiB block was placed after the first");
+        tries.push(b);
+    };
+    drop(tries);
+    edgepool::trim();
+    let os0 = edgepool::stats().os_bytes;
+    let phase = edgepool::load_phase();
+    let old = v.as_ptr();
+    v.resize(32 * MIB, 6);
+    let report = phase.finish();
+    assert_ne!(v.as_ptr(), old, "the block grew in place");
+    assert!(v[..16 * MIB].iter().all(|&b| b == 5) && v[16 * MIB..].iter().all(|&b| b == 6));
+    assert!(
+        report.peak_bytes <= os0 + 18 * MIB,
+        "the phase's peak {} counts the moved block twice (OS bytes before {os0})",
+        report.peak_bytes
+    );
+    assert!(report.peak_bytes >= os0 + 16 * MIB, "{} against {os0}", report.peak_bytes);
+    drop((v, blocker));
+    edgepool::check_heap().unwrap();
 }
