@@ -73,7 +73,7 @@ pub const STACK: usize = 14;
 /// One class's slabs in one row set: the allocation fast path reads only this row.
 ///
 /// Invariants:
-/// - `current` is a live slab in state `Current` owned by this cache, or the static empty slab;
+/// - `current` is a live slab in state `Current` owned by this cache, or null ([`empty_slab`]);
 /// - when `widx != NO_WORD`, bitmap word `widx` of `current` is *checked out*: it reads 0 in the slab
 ///   and its free bits live in `word`; `base` is the address of the slot of bit 0 of that word and
 ///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
@@ -177,7 +177,7 @@ pub struct Cache {
     runs: runs::Runs,
 }
 
-/// A static that is never written: the empty slab and the empty cache.
+/// A static that is never written: the empty cache.
 #[repr(transparent)]
 struct ReadOnly<T>(UnsafeCell<T>);
 // SAFETY: the wrapped statics are never written: every write path first checks that it is not
@@ -185,27 +185,11 @@ struct ReadOnly<T>(UnsafeCell<T>);
 // them, and the slow paths replace the empty cache before writing).
 unsafe impl<T> Sync for ReadOnly<T> {}
 
-/// The empty slab: its rows never check out a word, so the fast path always falls to the slow path.
-static EMPTY_SLAB: ReadOnly<Slab> = ReadOnly(UnsafeCell::new(Slab {
-    hint: 0,
-    free_count: 0,
-    nslots: 0,
-    size: 16,
-    first: 0,
-    recip: 0,
-    nwords: 0,
-    class: 0,
-    state: SlabState::Current,
-    row: 0,
-    owner: core::ptr::null_mut(),
-    next: core::ptr::null_mut(),
-    prev: core::ptr::null_mut(),
-    data: core::ptr::null_mut(),
-    shared: slab::Shared { remote: AtomicUsize::new(0), remote_next: AtomicPtr::new(core::ptr::null_mut()) },
-}));
-
+/// `current` of a row without a slab: null. (It was the address of a static empty slab, never read:
+/// every row of the static empty cache held it, so each of the cache's pages needed a relocation
+/// at load, and every process had the 16 KiB of the empty cache copied into private memory.)
 const fn empty_slab() -> *mut Slab {
-    EMPTY_SLAB.0.get()
+    core::ptr::null_mut()
 }
 
 impl Cache {
@@ -429,7 +413,7 @@ unsafe fn checkin(row: *mut ClassState) {
 ///
 /// # Safety
 /// - `row` belongs to a cache owned by the calling thread, has no word checked out, and its current
-///   slab is live (not the empty slab).
+///   slab is live (not null).
 unsafe fn checkout(row: *mut ClassState) -> bool {
     // SAFETY: owner; the word indices stay below the live slab's nwords.
     unsafe {
