@@ -144,6 +144,13 @@ impl DirectTable {
 
 /// Maps `size` bytes aligned to `align` directly from the OS. Returns null on failure.
 pub fn alloc(size: usize, align: usize) -> *mut u8 {
+    alloc_moving(size, align, 0)
+}
+
+/// [`alloc`] for a mapping that `realloc` moves a live block of `moving` bytes into, giving the old
+/// block's pages back as it copies (`heap::move_out`): the budget counts the new mapping without as
+/// many of the old block's bytes, but for one piece.
+pub fn alloc_moving(size: usize, align: usize, moving: usize) -> *mut u8 {
     let Some(len) = size.checked_add(PAGE - 1).map(|l| l & !(PAGE - 1)) else { return core::ptr::null_mut() };
     let align = align.max(PAGE);
     let Some(total) = len.checked_add(align - PAGE) else { return core::ptr::null_mut() };
@@ -151,7 +158,8 @@ pub fn alloc(size: usize, align: usize) -> *mut u8 {
         return core::ptr::null_mut();
     }
     // Budget: direct bytes count against the limit.
-    if !heap::budget_allows(len) {
+    let give = len.min(moving);
+    if !heap::budget_allows(len - give + give.min(heap::MOVE_PIECE)) {
         return core::ptr::null_mut();
     }
     // Under the overcommit policy (no MAP_NORESERVE): the program owns this memory.

@@ -603,7 +603,7 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
         } else {
             // A fresh mapping: every page of it faults in.
             let peak0 = heap::peak();
-            let q = direct::alloc(new_size, align);
+            let q = direct::alloc_moving(new_size, align, old);
             if !q.is_null() {
                 heap::unpeak_move(peak0, old);
             }

@@ -131,6 +131,9 @@ struct Inner {
     large_bytes: usize,
     /// The highest [`Inner::in_use`] seen at a [`Inner::note_peak`] (every allocation calls it).
     peak_in_use: usize,
+    /// Bytes of the live block that `realloc` moves into the block being allocated
+    /// ([`alloc_large_moving`]), 0 otherwise: set and cleared around that allocation, under the lock.
+    moving: usize,
     /// The region is a lazy window (see `init::start`).
     lazy: bool,
     /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
@@ -241,6 +244,7 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     peak: 0,
     large_bytes: 0,
     peak_in_use: 0,
+    moving: 0,
     lazy: false,
     secure: false,
     in_flight: 0,
@@ -443,6 +447,14 @@ impl Inner {
     fn in_use(&self) -> usize {
         let committed = self.buddy.committed_pages() as usize * PAGE;
         committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
+    }
+
+    /// [`Inner::os_bytes`] as a budget counts them while a block that `realloc` moves is allocated:
+    /// the old block's pages go back as the new one's `fresh` bytes fault in ([`move_out`]), so the
+    /// two are never resident whole at once; one piece is counted twice.
+    fn os_bytes_moving(&self, fresh: usize) -> usize {
+        let give = fresh.min(self.moving);
+        self.os_bytes() - give + give.min(MOVE_PIECE)
     }
 
     /// A block that `realloc` moves was just allocated (the peak was `peak0` before), and `give` bytes
@@ -750,7 +762,7 @@ impl Inner {
                 }
                 self.make_room(fresh, batch);
             }
-            if self.limit != 0 && self.os_bytes() > self.limit {
+            if self.limit != 0 && self.os_bytes_moving(fresh) > self.limit {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
                 // SAFETY: the block or run was just allocated above and nobody else knows it.
                 unsafe { self.give_back(idx, order, run, flags) };
@@ -952,8 +964,8 @@ pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8
 
 /// [`alloc_large`] for a block that `realloc` moves a live block of `moving` bytes into (then
 /// [`move_out`], which gives the old block's pages back as the new one's fresh pages fault in, up to
-/// `moving`): the peak of bytes taken from the OS counts the new block without as many of the old
-/// block's bytes, but for one piece, as the process never holds both whole.
+/// `moving`): the peak of bytes taken from the OS, and a memory budget, count the new block without
+/// as many of the old block's bytes, but for one piece, as the process never holds both whole.
 pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) -> Option<(*mut u8, u8, usize, usize)> {
     if !ensure_init() {
         return None;
@@ -965,7 +977,10 @@ pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) 
             return Err(Miss::Refused);
         }
         let peak0 = h.peak;
-        let (idx, flags) = h.alloc(order, PageKind::Large, run, may_grow, batch)?;
+        h.moving = moving;
+        let took = h.alloc(order, PageKind::Large, run, may_grow, batch);
+        h.moving = 0;
+        let (idx, flags) = took?;
         let bytes = run as usize * PAGE;
         let resident = h.buddy.taken_dirty as usize * PAGE;
         h.large_bytes += bytes;
@@ -1018,7 +1033,7 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
 
 /// Pieces in which [`move_out`] copies a large block, giving each copied piece of the old block back
 /// to the OS before the next is copied.
-const MOVE_PIECE: usize = 1 << 20;
+pub const MOVE_PIECE: usize = 1 << 20;
 
 /// Large blocks from this size on that `realloc` moves are copied by [`move_out`].
 pub const MOVE_OUT_MIN: usize = MOVE_PIECE;

@@ -64,4 +64,63 @@ fn requests_beyond_the_budget_fail_cleanly_and_recover() {
     let v = vec![3u8; 256 << 20];
     assert_eq!(v[12345], 3);
     edgepool::check_heap().unwrap();
+    drop(v);
+
+    // A block grown by moving counts once against the budget: its pages go back to the OS as it is
+    // copied. 16 MiB grown to 32 MiB under a budget 20 MiB above what is taken (16 + 32 would not
+    // fit; 32 and one piece does).
+    let mut g: Vec<u8> = Vec::with_capacity(16 << 20);
+    g.resize(16 << 20, 7);
+    // A block right after it, so that it cannot grow in place (16 MiB blocks are taken lowest address
+    // first: one of the first few lands there).
+    let mut tries = Vec::new();
+    let blocker = loop {
+        let b = vec![1u8; 16 << 20];
+        if b.as_ptr() as usize == g.as_ptr() as usize + (16 << 20) {
+            break b;
+        }
+        assert!(tries.len() < 8, "no block was placed right after the one to grow");
+        tries.push(b);
+    };
+    drop(tries);
+    edgepool::trim();
+    let base = edgepool::stats().os_bytes;
+    let limit = base + (20 << 20);
+    edgepool::set_limit(limit);
+    let old = g.as_ptr();
+    let grew = g.try_reserve_exact(16 << 20).is_ok();
+    let moved = g.as_ptr() != old;
+    let after = edgepool::stats().os_bytes;
+    // Twice the block: beyond the budget even counted once.
+    let again = g.try_reserve_exact(48 << 20).is_ok();
+    let refusals = edgepool::stats().counters.budget_refusals;
+    edgepool::set_limit(0);
+    assert!(grew, "growing 16 -> 32 MiB by moving was refused under a budget of 20 MiB more");
+    assert!(moved, "the block grew in place");
+    assert!(after <= limit, "{after} bytes taken under a budget of {limit}");
+    assert!(!again, "growing 32 -> 64 MiB fitted a budget of {limit} bytes ({after} taken)");
+    assert!(refusals > 0);
+    assert!(g.iter().all(|&b| b == 7), "the contents did not survive the move and the refusal");
+    drop((g, blocker));
+    edgepool::check_heap().unwrap();
+
+    // The same for a block moved into a mapping of its own (beyond the largest heap block): three
+    // quarters of it grown to one and a quarter, under a budget of 3/4 more (old and new would need
+    // 5/4; the new mapping, less the old block given back, and one piece, need 1/2 and 1 MiB).
+    let big = edgepool::max_block();
+    let mut h: Vec<u8> = Vec::with_capacity(big / 4 * 3);
+    h.resize(big / 4 * 3, 9);
+    edgepool::trim();
+    let base = edgepool::stats().os_bytes;
+    let limit = base + big / 4 * 3;
+    edgepool::set_limit(limit);
+    let grew = h.try_reserve_exact(big / 2).is_ok();
+    let after = edgepool::stats().os_bytes;
+    edgepool::set_limit(0);
+    assert!(grew, "growing into a mapping of its own by moving was refused under the budget");
+    assert!(h.capacity() > big, "not a mapping of its own: {} bytes", h.capacity());
+    assert!(after <= limit, "{after} bytes taken under a budget of {limit}");
+    assert!(h.iter().all(|&b| b == 9));
+    drop(h);
+    edgepool::check_heap().unwrap();
 }
