@@ -1,6 +1,8 @@
 //! Out of memory: with a budget in place, requests beyond it return null, the allocator keeps working,
 //! and memory freed later can be taken again.
 
+mod common;
+
 #[global_allocator]
 static GLOBAL: edgepool::EdgePool = edgepool::EdgePool::new();
 
@@ -71,18 +73,7 @@ fn requests_beyond_the_budget_fail_cleanly_and_recover() {
     // fit; 32 and one piece does).
     let mut g: Vec<u8> = Vec::with_capacity(16 << 20);
     g.resize(16 << 20, 7);
-    // A block right after it, so that it cannot grow in place (16 MiB blocks are taken lowest address
-    // first: one of the first few lands there).
-    let mut tries = Vec::new();
-    let blocker = loop {
-        let b = vec![1u8; 16 << 20];
-        if b.as_ptr() as usize == g.as_ptr() as usize + (16 << 20) {
-            break b;
-        }
-        assert!(tries.len() < 8, "no block was placed right after the one to grow");
-        tries.push(b);
-    };
-    drop(tries);
+    let blocker = common::block_right_after(g.as_ptr(), 16 << 20);
     edgepool::trim();
     let base = edgepool::stats().os_bytes;
     let limit = base + (20 << 20);

@@ -539,18 +539,7 @@ fn child_move_out() {
     let mut v: Vec<u8> = Vec::with_capacity(8 * MIB);
     v.extend((0..8 * MIB).map(|i| (i % 251) as u8));
     let old = v.as_ptr() as usize;
-    // A block right after it, so that it cannot grow in place: 8 MiB blocks are taken lowest address
-    // first, so one of the first few lands there.
-    let mut tries: Vec<Vec<u8>> = Vec::new();
-    let blocker = loop {
-        let b = vec![1u8; 8 * MIB];
-        if b.as_ptr() as usize == old + 8 * MIB {
-            break b;
-        }
-        assert!(tries.len() < 8, "no 8 MiB block was placed after the first: {old:#x}");
-        tries.push(b);
-    };
-    drop(tries);
+    let blocker = common::block_right_after(v.as_ptr(), 8 * MIB);
     edgepool::trim();
     let purged0 = edgepool::stats().counters.purged_bytes;
     let rss0 = edgepool::os::rss_bytes();
@@ -582,16 +571,7 @@ fn child_move_out() {
     // not 32.
     let mut v: Vec<u8> = Vec::with_capacity(16 * MIB);
     v.resize(16 * MIB, 5);
-    let mut tries: Vec<Vec<u8>> = Vec::new();
-    let blocker = loop {
-        let b = vec![1u8; 16 * MIB];
-        if b.as_ptr() as usize == v.as_ptr() as usize + 16 * MIB {
-            break b;
-        }
-        assert!(tries.len() < 8, "no 16 MiB block was placed after the first");
-        tries.push(b);
-    };
-    drop(tries);
+    let blocker = common::block_right_after(v.as_ptr(), 16 * MIB);
     edgepool::trim();
     let os0 = edgepool::stats().os_bytes;
     let phase = edgepool::load_phase();

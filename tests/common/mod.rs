@@ -52,3 +52,18 @@ pub use pattern::*;
 pub fn scale() -> usize {
     std::env::var("EDGEPOOL_TEST_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
 }
+
+/// A new block of `len` bytes placed right after the live block `[p, p + len)`, so that the block
+/// cannot grow in place. Blocks of one size are taken lowest address first, so one of the first few
+/// lands there; the others are freed again.
+pub fn block_right_after(p: *const u8, len: usize) -> Vec<u8> {
+    let mut tries: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let b = vec![1u8; len];
+        if b.as_ptr() as usize == p as usize + len {
+            return b;
+        }
+        assert!(tries.len() < 8, "no {len}-byte block was placed right after the one at {p:?}");
+        tries.push(b);
+    }
+}
