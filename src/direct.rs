@@ -157,11 +157,11 @@ pub fn alloc_moving(size: usize, align: usize, moving: usize) -> *mut u8 {
     if total > isize::MAX as usize {
         return core::ptr::null_mut();
     }
-    // Budget: direct bytes count against the limit.
-    let give = len.min(moving);
-    if !heap::budget_allows(len - give + give.min(heap::MOVE_PIECE)) {
+    // Budget: direct bytes count against the limit; a mapping that a moved block of `moving` bytes
+    // fits only counted once is probed once made (below).
+    let Some(probe) = heap::budget_allows_moving(len, moving) else {
         return core::ptr::null_mut();
-    }
+    };
     // Under the overcommit policy (no MAP_NORESERVE): the program owns this memory.
     let raw = os::map_owned(total);
     if raw.is_null() {
@@ -178,6 +178,13 @@ pub fn alloc_moving(size: usize, align: usize, moving: usize) -> *mut u8 {
         if tail > 0 {
             os::unmap((p + len) as *mut u8, tail);
         }
+    }
+    // SAFETY: the mapping was made above, is ours alone and holds nothing yet.
+    if probe && !unsafe { heap::probe_give_back(p as *mut u8) } {
+        // SAFETY: as above; not published.
+        unsafe { os::unmap(p as *mut u8, len) };
+        stats::add(&COUNTERS.budget_refusals, 1);
+        return core::ptr::null_mut();
     }
     if !with_direct(|t| t.insert(DirectEntry { key: p, base: p, len })) {
         // SAFETY: the mapping was made above and is not published.

@@ -590,22 +590,24 @@ unsafe fn realloc_raw(p: *mut u8, new_size: usize, align: usize) -> *mut u8 {
         && !heap::secure()
     {
         // A large block grown by moving: as many of its pages go back to the OS as it is copied as
-        // the new block faults in (`heap::move_out`).
+        // the new block faults in (`heap::move_out`), and the budget and the peak count it once
+        // where that can be counted on.
+        let moving = if heap::gives_back() { old } else { 0 };
         let (q, fresh) = if new_size <= heap::max_block() && align <= heap::max_block() {
             let load = cache::current_is_load();
             if load {
                 cache::settle::sweep_if_due();
             }
-            match large_block(new_size, align, false, false, load, old) {
+            match large_block(new_size, align, false, false, load, moving) {
                 Some(b) => b,
                 None => return core::ptr::null_mut(),
             }
         } else {
             // A fresh mapping: every page of it faults in.
             let peak0 = heap::peak();
-            let q = direct::alloc_moving(new_size, align, old);
-            if !q.is_null() {
-                heap::unpeak_move(peak0, old);
+            let q = direct::alloc_moving(new_size, align, moving);
+            if !q.is_null() && moving > 0 {
+                heap::unpeak_move(peak0, moving);
             }
             (q, new_size)
         };

@@ -449,12 +449,20 @@ impl Inner {
         committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
     }
 
-    /// [`Inner::os_bytes`] as a budget counts them while a block that `realloc` moves is allocated:
-    /// the old block's pages go back as the new one's `fresh` bytes fault in ([`move_out`]), so the
-    /// two are never resident whole at once; one piece is counted twice.
-    fn os_bytes_moving(&self, fresh: usize) -> usize {
+    /// Whether the block just allocated at `idx`, over the budget as counted, fits it as a block that
+    /// `realloc` moves ([`alloc_large_moving`]) counts: the old block's pages go back as the new one's
+    /// `fresh` bytes fault in ([`move_out`]), so the two are never resident whole at once (one piece
+    /// is counted twice). Only if pages can be given back now: a page of the new block, not handed
+    /// out yet, is given back as a probe (under `mlockall` `madvise` refuses, and from then on no
+    /// move is counted once: [`gives_back`]).
+    fn move_fits(&self, idx: u32, fresh: usize) -> bool {
         let give = fresh.min(self.moving);
-        self.os_bytes() - give + give.min(MOVE_PIECE)
+        if give == 0 || self.os_bytes() - give + give.min(MOVE_PIECE) > self.limit {
+            return false;
+        }
+        // SAFETY: the block at idx was just allocated, nobody else knows it, and it holds nothing
+        // yet.
+        unsafe { probe_give_back(addr_of(idx) as *mut u8) }
     }
 
     /// A block that `realloc` moves was just allocated (the peak was `peak0` before), and `give` bytes
@@ -762,7 +770,7 @@ impl Inner {
                 }
                 self.make_room(fresh, batch);
             }
-            if self.limit != 0 && self.os_bytes_moving(fresh) > self.limit {
+            if self.limit != 0 && self.os_bytes() > self.limit && !self.move_fits(idx, fresh) {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
                 // SAFETY: the block or run was just allocated above and nobody else knows it.
                 unsafe { self.give_back(idx, order, run, flags) };
@@ -1038,6 +1046,32 @@ pub const MOVE_PIECE: usize = 1 << 20;
 /// Large blocks from this size on that `realloc` moves are copied by [`move_out`].
 pub const MOVE_OUT_MIN: usize = MOVE_PIECE;
 
+/// Set when [`move_out`] could not give a piece back (`madvise` refused: pages locked by `mlockall`,
+/// say): from then on a moved block is not counted once (see [`gives_back`]).
+static GIVE_BACK_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`move_out`] can be counted on to give the old block's pages back, so that the budget
+/// and the peak may count a moved block once: the OS's pages are the heap's (4 KiB; with larger
+/// ones a piece's start need not be one's, and nothing would go back), and no give-back was refused
+/// yet. (A move that needs it to fit a budget probes first: [`Inner::move_fits`].)
+pub fn gives_back() -> bool {
+    os::os_page_size() == PAGE && !GIVE_BACK_REFUSED.load(Ordering::Relaxed)
+}
+
+/// Gives the page at `p` back to the OS as a probe of whether pages can be given back now; on a
+/// refusal, no moved block is counted once any more ([`gives_back`]).
+///
+/// # Safety
+/// - `[p, p + PAGE)` is a page of a block or mapping of ours that holds nothing yet.
+pub unsafe fn probe_give_back(p: *mut u8) -> bool {
+    // SAFETY: forwarded contract.
+    if unsafe { os::purge(p, PAGE) } {
+        return true;
+    }
+    GIVE_BACK_REFUSED.store(true, Ordering::Relaxed);
+    false
+}
+
 /// Copies the first `len` bytes of the large block `p` to `q` and frees `p`, giving `p`'s pages back
 /// to the OS piece by piece as they are copied, until `give_back` bytes (the new block's fresh
 /// pages, which fault in as they are written) went back: a block grown by moving then holds at the
@@ -1062,10 +1096,14 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
         // it on stay dirty.
         unsafe {
             core::ptr::copy_nonoverlapping(p.add(off), q.add(off), n);
-            if clean == off && clean < give_back && os::purge(p.add(off), n) {
-                clean = off + n;
-                stats::add(&COUNTERS.purges, 1);
-                stats::add(&COUNTERS.purged_bytes, n);
+            if clean == off && clean < give_back {
+                if os::purge(p.add(off), n) {
+                    clean = off + n;
+                    stats::add(&COUNTERS.purges, 1);
+                    stats::add(&COUNTERS.purged_bytes, n);
+                } else {
+                    GIVE_BACK_REFUSED.store(true, Ordering::Relaxed);
+                }
             }
         }
         off += n;
@@ -1329,17 +1367,28 @@ pub fn with_budget<R>(extra: usize, then: impl FnOnce() -> Option<R>) -> Option<
     })
 }
 
-/// Whether `extra` more bytes from the OS fit the budget (purging if that makes them fit). Counts a
-/// refusal.
-pub fn budget_allows(extra: usize) -> bool {
+/// [`budget_allows`] for a direct mapping of `len` bytes that a block of `moving` bytes which
+/// `realloc` moves goes into: `Some(false)` when it fits as any mapping, `Some(true)` when it fits
+/// only counted with the old block's pages given back as it is copied (the caller then probes the
+/// new mapping: [`probe_give_back`]), `None` (a refusal, counted) otherwise.
+pub fn budget_allows_moving(len: usize, moving: usize) -> Option<bool> {
     if !ensure_init() {
-        return false;
+        return None;
     }
-    let ok = with_heap(|h| h.budget_allows(extra));
-    if !ok {
+    let give = len.min(moving);
+    let r = with_heap(|h| {
+        if h.budget_allows(len) {
+            Some(false)
+        } else if give > 0 && h.budget_allows(len - give + give.min(MOVE_PIECE)) {
+            Some(true)
+        } else {
+            None
+        }
+    });
+    if r.is_none() {
         stats::add(&COUNTERS.budget_refusals, 1);
     }
-    ok
+    r
 }
 
 /// Records a new peak of the OS bytes if the present figure is one (after direct mappings grew).

@@ -589,3 +589,39 @@ fn child_move_out() {
     drop((v, blocker));
     edgepool::check_heap().unwrap();
 }
+
+#[test]
+fn under_mlockall_a_moved_block_counts_twice_against_the_budget() {
+    common::run_child("child_move_out_locked", &[]);
+}
+
+#[test]
+#[ignore = "run by under_mlockall_a_moved_block_counts_twice_against_the_budget in a child process"]
+fn child_move_out_locked() {
+    // SAFETY: locks this process's pages (a child of the test, alone); the heap is set up already.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+        eprintln!("mlockall refused ({}): nothing to check", std::io::Error::last_os_error());
+        return;
+    }
+    // Locked pages cannot be given back (`madvise` refuses): a move that fits a budget only counted
+    // once is refused (8 MiB grown to 16 MiB under a budget 12 MiB above what is taken: counted
+    // once, 9 MiB would fit; twice, 16 do not), the block intact and the budget kept.
+    let mut v: Vec<u8> = Vec::with_capacity(8 * MIB);
+    v.resize(8 * MIB, 8);
+    let blocker = common::block_right_after(v.as_ptr(), 8 * MIB);
+    let limit = edgepool::stats().os_bytes + 12 * MIB;
+    edgepool::set_limit(limit);
+    let grew = v.try_reserve_exact(8 * MIB).is_ok();
+    let after = edgepool::stats().os_bytes;
+    edgepool::set_limit(0);
+    assert!(!grew, "a move that cannot give its pages back was counted once");
+    assert!(after <= limit, "{after} bytes taken under a budget of {limit}");
+    assert!(v.iter().all(|&b| b == 8));
+    // Without a budget the move copies, the old block staying resident until it is reused.
+    let old = v.as_ptr();
+    v.reserve_exact(8 * MIB);
+    assert_ne!(v.as_ptr(), old, "the block grew in place");
+    assert!(v.iter().all(|&b| b == 8), "the contents did not move with the block");
+    drop((v, blocker));
+    edgepool::check_heap().unwrap();
+}
