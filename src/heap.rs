@@ -457,7 +457,7 @@ impl Inner {
     /// move is counted once: [`gives_back`]).
     fn move_fits(&self, idx: u32, fresh: usize) -> bool {
         let give = fresh.min(self.moving);
-        if give == 0 || self.os_bytes() - give + give.min(MOVE_PIECE) > self.limit {
+        if give == 0 || counted_once(self.os_bytes(), give) > self.limit {
             return false;
         }
         // SAFETY: the block at idx was just allocated, nobody else knows it, and it holds nothing
@@ -470,7 +470,7 @@ impl Inner {
     /// counts the two without those bytes, but for one piece.
     fn unpeak_move(&mut self, peak0: usize, give: usize) {
         if self.peak > peak0 {
-            let lowered = self.os_bytes().saturating_sub(give) + give.min(MOVE_PIECE);
+            let lowered = counted_once(self.os_bytes(), give);
             self.peak = peak0.max(lowered.min(self.peak));
         }
     }
@@ -1046,6 +1046,13 @@ pub const MOVE_PIECE: usize = 1 << 20;
 /// Large blocks from this size on that `realloc` moves are copied by [`move_out`].
 pub const MOVE_OUT_MIN: usize = MOVE_PIECE;
 
+/// `bytes` that count a block being moved and its old block, less the `give` bytes of the old one
+/// that [`move_out`] gives back as the new one faults in, but for one piece (the piece copied before
+/// it goes back): what the budget and the peak count for a move.
+fn counted_once(bytes: usize, give: usize) -> usize {
+    bytes.saturating_sub(give) + give.min(MOVE_PIECE)
+}
+
 /// Set when [`move_out`] could not give a piece back (`madvise` refused: pages locked by `mlockall`,
 /// say): from then on a moved block is not counted once (see [`gives_back`]).
 static GIVE_BACK_REFUSED: AtomicBool = AtomicBool::new(false);
@@ -1065,7 +1072,17 @@ pub fn gives_back() -> bool {
 /// - `[p, p + PAGE)` is a page of a block or mapping of ours that holds nothing yet.
 pub unsafe fn probe_give_back(p: *mut u8) -> bool {
     // SAFETY: forwarded contract.
-    if unsafe { os::purge(p, PAGE) } {
+    unsafe { return_pages(p, PAGE) }
+}
+
+/// Returns `[p, p + len)` to the OS ([`os::purge`]); a refusal means no moved block is counted once
+/// any more ([`gives_back`]).
+///
+/// # Safety
+/// - as [`os::purge`].
+unsafe fn return_pages(p: *mut u8, len: usize) -> bool {
+    // SAFETY: forwarded contract.
+    if unsafe { os::purge(p, len) } {
         return true;
     }
     GIVE_BACK_REFUSED.store(true, Ordering::Relaxed);
@@ -1096,14 +1113,10 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
         // it on stay dirty.
         unsafe {
             core::ptr::copy_nonoverlapping(p.add(off), q.add(off), n);
-            if clean == off && clean < give_back {
-                if os::purge(p.add(off), n) {
-                    clean = off + n;
-                    stats::add(&COUNTERS.purges, 1);
-                    stats::add(&COUNTERS.purged_bytes, n);
-                } else {
-                    GIVE_BACK_REFUSED.store(true, Ordering::Relaxed);
-                }
+            if clean == off && clean < give_back && return_pages(p.add(off), n) {
+                clean = off + n;
+                stats::add(&COUNTERS.purges, 1);
+                stats::add(&COUNTERS.purged_bytes, n);
             }
         }
         off += n;
@@ -1367,10 +1380,11 @@ pub fn with_budget<R>(extra: usize, then: impl FnOnce() -> Option<R>) -> Option<
     })
 }
 
-/// [`budget_allows`] for a direct mapping of `len` bytes that a block of `moving` bytes which
-/// `realloc` moves goes into: `Some(false)` when it fits as any mapping, `Some(true)` when it fits
-/// only counted with the old block's pages given back as it is copied (the caller then probes the
-/// new mapping: [`probe_give_back`]), `None` (a refusal, counted) otherwise.
+/// Whether a direct mapping of `len` bytes fits the budget ([`Inner::budget_allows`]), for one that
+/// a block of `moving` bytes which `realloc` moves goes into: `Some(false)` when it fits as any
+/// mapping, `Some(true)` when it fits only counted with the old block's pages given back as it is
+/// copied (the caller then probes the new mapping: [`probe_give_back`]), `None` (a refusal, counted)
+/// otherwise.
 pub fn budget_allows_moving(len: usize, moving: usize) -> Option<bool> {
     if !ensure_init() {
         return None;
@@ -1379,7 +1393,7 @@ pub fn budget_allows_moving(len: usize, moving: usize) -> Option<bool> {
     let r = with_heap(|h| {
         if h.budget_allows(len) {
             Some(false)
-        } else if give > 0 && h.budget_allows(len - give + give.min(MOVE_PIECE)) {
+        } else if give > 0 && h.budget_allows(counted_once(len, give)) {
             Some(true)
         } else {
             None
