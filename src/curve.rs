@@ -1,7 +1,7 @@
 //! The memory curve: a CSV of memory over time, written by a thread of its own that never allocates.
 //!
-//! `EDGEPOOL_CURVE=PATH` starts it at the first allocation slow path after start-up (from `global`,
-//! outside every lock); [`start`] starts it from Rust. Every `EDGEPOOL_CURVE_MS` milliseconds (5 by
+//! `EDGEPOOL_CURVE=PATH` starts it at the first allocation slow path after start-up (a small
+//! block's, or any large block's: from `global`, outside every lock); [`start`] starts it from Rust. Every `EDGEPOOL_CURVE_MS` milliseconds (5 by
 //! default) the sampler appends one line:
 //!
 //! ```text

@@ -34,6 +34,7 @@ fn small(class: usize) -> *mut u8 {
 
 /// The small-object slow path: the start-up phase's trigger is polled here (the phase layer sits
 /// above the caches), then the cache refills, then `EDGEPOOL_CURVE`'s sampler is started if asked.
+/// (The large paths do the same: [`alloc_general_with`].)
 #[cold]
 #[inline(never)]
 fn small_slow(class: usize) -> *mut u8 {
@@ -231,6 +232,20 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
     if !heap::ensure_init() {
         return core::ptr::null_mut();
     }
+    // The large paths are allocation slow paths too, and a program may allocate nothing small for a
+    // long while (a loader reading weights): the start-up phase's trigger is polled here as on the
+    // small slow path (before the allocation, which then belongs to the run), and `EDGEPOOL_CURVE`'s
+    // sampler started (after it, outside every lock: starting it may allocate).
+    phase::poll_trigger();
+    let p = large_or_mapped(size, align, zeroed, prefault);
+    crate::curve::poll();
+    p
+}
+
+/// The rest of [`alloc_general_with`] for a request no size class serves: the thread's run cache,
+/// a large block of the heap, or a mapping of its own.
+#[inline]
+fn large_or_mapped(size: usize, align: usize, zeroed: bool, prefault: bool) -> *mut u8 {
     let max = heap::max_block();
     if size <= max && align <= max {
         let load = cache::current_is_load();

@@ -928,6 +928,29 @@ fn budget_refuses_cleanly_and_recovers_in_c() {
 }
 
 #[test]
+fn large_blocks_alone_end_the_startup_phase_and_start_the_curve() {
+    // A program that allocates only large blocks (a loader reading weights, say) still reaches the
+    // slow paths that end the start-up phase on its trigger and start `EDGEPOOL_CURVE`'s sampler.
+    let dir = tmp_dir("large-only");
+    let csv = dir.join("curve.csv");
+    let out = run_with(
+        Command::new(phase_exe()).arg("large"),
+        true,
+        &[("EDGEPOOL_LOAD_PHASE", "1"), ("EDGEPOOL_CURVE", csv.to_str().unwrap()), ("EDGEPOOL_CURVE_MS", "2")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("large blocks ended the phase"), "{stdout}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let phases: Vec<u64> = text.lines().skip(1).map(|l| l.rsplit(',').next().unwrap().parse().unwrap()).collect();
+    // 0.3 s at 2 ms: about 150 samples (a loaded machine may give fewer), the first ones inside the
+    // phase, the last ones after its end.
+    assert!(phases.len() >= 20, "{} samples: {text}", phases.len());
+    let ended = phases.iter().position(|&p| p == 0).expect("no sample after the phase's end");
+    assert!(ended > 0 && phases[ended..].iter().all(|&p| p == 0), "{phases:?}");
+}
+
+#[test]
 fn startup_phase_ends_on_sigusr2() {
     let out = run_with(
         Command::new(phase_exe()).arg("trigger"),

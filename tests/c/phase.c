@@ -4,7 +4,11 @@
  *   phase trigger  : run with EDGEPOOL_LOAD_PHASE=1: allocate (inside the start-up phase), send
  *                    SIGUSR2 to ourselves, allocate again (the next slow path ends the phase);
  *                    edgepool_load_end() must then report that no phase is open.
- *   phase api      : edgepool_load_begin/end around a load-like workload; prints the report. */
+ *   phase api      : edgepool_load_begin/end around a load-like workload; prints the report.
+ *   phase large    : run with EDGEPOOL_LOAD_PHASE=1: for 0.3 s allocate, touch and free large
+ *                    blocks only (256 KiB-2 MiB), sending SIGUSR2 to ourselves halfway (the next
+ *                    large block's allocation ends the phase); then edgepool_load_end() must report
+ *                    that no phase is open. Nothing small is allocated before that check. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -13,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct edgepool_phase_report {
     uint64_t allocations, peak_bytes, survivor_bytes, released_bytes, os_bytes_before, os_bytes_after, duration_ns;
@@ -99,10 +104,42 @@ static int api(void) {
     return r.allocations >= N && r.released_bytes > 0 && r.survivor_bytes >= N / 50 * 29 ? 0 : 1;
 }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int large(void) {
+    double t0 = now_s();
+    int raised = 0;
+    unsigned long n = 0;
+    for (double t = 0; t < 0.3; t = now_s() - t0, n++) {
+        if (!raised && t >= 0.15) {
+            raise(SIGUSR2);
+            raised = 1;
+        }
+        size_t len = (size_t)(256 << 10) << (n % 4);
+        char *p = malloc(len);
+        if (!p) return 1;
+        for (size_t i = 0; i < len; i += 4096) p[i] = (char)n;
+        free(p);
+    }
+    int (*end)(struct edgepool_phase_report *) = sym("edgepool_load_end");
+    errno = 0;
+    if (end(NULL) != -1 || errno != EINVAL) {
+        fprintf(stderr, "the start-up phase was still open after SIGUSR2 and %lu large blocks\n", n);
+        return 1;
+    }
+    printf("large blocks ended the phase (%lu blocks)\n", n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     if (!strcmp(argv[1], "budget")) return budget();
     if (!strcmp(argv[1], "trigger")) return trigger();
     if (!strcmp(argv[1], "api")) return api();
+    if (!strcmp(argv[1], "large")) return large();
     return 2;
 }
