@@ -233,10 +233,12 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
         return core::ptr::null_mut();
     }
     // The large paths are allocation slow paths too, and a program may allocate nothing small for a
-    // long while (a loader reading weights): the start-up phase's trigger is polled here as on the
-    // small slow path (before the allocation, which then belongs to the run), and `EDGEPOOL_CURVE`'s
-    // sampler started (after it, outside every lock: starting it may allocate).
+    // long while (a loader reading weights): as on the small slow path, the start-up phase's trigger
+    // is polled and a phase's end that left this thread's load rows to it is carried out (before
+    // the allocation, which then belongs to the run), and `EDGEPOOL_CURVE`'s sampler started (after
+    // it, outside every lock: starting it may allocate).
     phase::poll_trigger();
+    cache::settle_if_pending();
     let p = large_or_mapped(size, align, zeroed, prefault);
     crate::curve::poll();
     p

@@ -312,6 +312,46 @@ fn temporaries() -> (Vec<Box<[u8; 256]>>, Vec<usize>) {
 }
 
 #[test]
+fn a_thread_that_takes_only_large_blocks_after_a_process_phase_settles_its_load_rows() {
+    let line = run_child("child_settle_on_large");
+    let (pages, before, after) = (field(&line, "pages"), field(&line, "before"), field(&line, "after"));
+    assert!(pages >= 200 && field(&line, "deferred") >= 1, "nothing to tell: {line}");
+    // The phase ended on another thread: the freed temporaries' pages wait for this thread's next
+    // slow path, and its next large block is one.
+    assert!(before * 10 >= pages * 9, "pages gone before the thread's next allocation: {line}");
+    assert!(after * 10 <= pages, "pages left resident after its large block: {line}");
+}
+
+#[test]
+#[ignore = "child of a_thread_that_takes_only_large_blocks_after_a_process_phase_settles_its_load_rows"]
+fn child_settle_on_large() {
+    use std::sync::{Arc, Barrier};
+    let guard = edgepool::load_phase_process();
+    let (loaded, ended) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let (l, e) = (loaded.clone(), ended.clone());
+    let worker = std::thread::spawn(move || {
+        let (keep, pages) = temporaries();
+        l.wait();
+        // Between the phase's end and the large block, nothing small is allocated here.
+        e.wait();
+        let before = resident(&pages);
+        let big = std::hint::black_box(vec![1u8; 2 << 20]);
+        let after = resident(&pages);
+        drop(big);
+        for (k, b) in keep.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == ((k * 20) % 251) as u8 | 1), "keeper {k} damaged");
+        }
+        (pages.len(), before, after)
+    });
+    loaded.wait();
+    let r = guard.finish();
+    ended.wait();
+    let (pages, before, after) = worker.join().unwrap();
+    edgepool::check_heap().unwrap();
+    println!("RESULT pages={pages} before={before} after={after} deferred={}", r.deferred_caches);
+}
+
+#[test]
 fn a_large_block_in_a_phase_first_gives_back_the_pages_freed_temporaries_left() {
     let line = run_child("child_sweep");
     let (run_kept, load_before, load_after) =

@@ -910,6 +910,24 @@ fn complete_stats(s: &mut stats::Stats) {
         + s.counters.direct_bytes;
 }
 
+/// Settles the calling thread's load rows if the end of a phase left that to it (`settle_pending`,
+/// see [`settle`]). The small slow path does it at every refill; the large paths call this, so that
+/// a thread that allocates only large blocks after a process-wide phase (or a phase guard dropped on
+/// another thread) gives its load slabs' free pages back then too.
+#[inline]
+pub fn settle_if_pending() {
+    let c = mine();
+    if c.is_null() {
+        return;
+    }
+    // SAFETY: our own live cache (owner); `settle_pending` is atomic.
+    unsafe {
+        if (*c).settle_pending.load(Ordering::Acquire) {
+            settle::settle_pending(c);
+        }
+    }
+}
+
 /// Whether the calling thread allocates in a load phase (for marking large blocks).
 #[inline]
 pub fn current_is_load() -> bool {

@@ -2,7 +2,8 @@
 //! phase ends — every free slot goes back to its slab, empty load slabs go back to the heap, the free
 //! pages of the others are purged, and the others join the run rows, whose allocations reuse their
 //! free slots. A cache is settled by its owner: at once when the phase ends on its own thread, else at
-//! its thread's next slow path (`settle_pending`), or by whoever takes it out of the pool.
+//! its thread's next slow path (`settle_pending`: a small allocation's refill, or any large
+//! allocation, `cache::settle_if_pending`), or by whoever takes it out of the pool.
 
 use core::sync::atomic::Ordering;
 
