@@ -1,8 +1,8 @@
 //! The memory curve: a CSV of memory over time, written by a thread of its own that never allocates.
 //!
 //! `EDGEPOOL_CURVE=PATH` starts it at the first allocation slow path after start-up (a small
-//! block's, or any large block's: from `global`, outside every lock); [`start`] starts it from Rust. Every `EDGEPOOL_CURVE_MS` milliseconds (5 by
-//! default) the sampler appends one line:
+//! block's, or any large block's: from `global`, outside every lock); [`start`] starts it from Rust.
+//! Every `EDGEPOOL_CURVE_MS` milliseconds (5 by default) the sampler appends one line:
 //!
 //! ```text
 //! t_ms,rss_bytes,in_use_bytes,os_bytes,available_bytes,phase

@@ -18,11 +18,10 @@
 //!   whichever comes first.
 //!
 //! Nothing here runs on the allocation fast path; the allocation slow paths (a small block's, and
-//! every large block's) poll the start-up trigger ([`poll_trigger`], one relaxed load), and the small
-//! one the caches' own `settle_pending` flags. The flags that
-//! lower layers read live in `phase_state`; the cache side of a phase (switching row sets, settling)
-//! in `cache::settle`; this module holds the guards, the reports and the C API's phase. Locks:
-//! `sync::PHASE_C`, then `sync::PHASE_CONTROL`.
+//! every large block's) poll the start-up trigger ([`poll_trigger`], one relaxed load) and the
+//! caches' own `settle_pending` flags. The flags that lower layers read live in `phase_state`; the
+//! cache side of a phase (switching row sets, settling) in `cache::settle`; this module holds the
+//! guards, the reports and the C API's phase. Locks: `sync::PHASE_C`, then `sync::PHASE_CONTROL`.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
