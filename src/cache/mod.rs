@@ -447,9 +447,7 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
     stats::add(&COUNTERS.slab_refills, 1);
     // SAFETY: owner; `base + class < ROWS`.
     unsafe {
-        if (*cache).settle_pending.load(Ordering::Acquire) {
-            settle::settle_pending(cache);
-        }
+        settle::settle_pending(cache);
         // Read once: a process-wide phase may switch the row set from another thread meanwhile, and
         // the decision (arena or rows) and the row must come from the same reading.
         let base = row_set(cache);
@@ -920,12 +918,8 @@ pub fn settle_if_pending() {
     if c.is_null() {
         return;
     }
-    // SAFETY: our own live cache (owner); `settle_pending` is atomic.
-    unsafe {
-        if (*c).settle_pending.load(Ordering::Acquire) {
-            settle::settle_pending(c);
-        }
-    }
+    // SAFETY: our own live cache (owner).
+    unsafe { settle::settle_pending(c) }
 }
 
 /// Whether the calling thread allocates in a load phase (for marking large blocks).

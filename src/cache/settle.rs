@@ -245,14 +245,17 @@ unsafe fn settle(c: *mut Cache) -> LoadEnd {
     }
 }
 
-/// Called by a cache's owner at its slow path when `settle_pending` is set.
+/// Called by a cache's owner at its slow paths (a small allocation's refill, any large allocation):
+/// settles its load rows if `settle_pending` is set, for one atomic load when it is not.
 ///
 /// # Safety
 /// - owner.
+#[inline]
 pub(super) unsafe fn settle_pending(c: *mut Cache) {
     // SAFETY: owner.
     unsafe {
-        if (*c).settle_pending.swap(false, Ordering::Acquire)
+        if (*c).settle_pending.load(Ordering::Acquire)
+            && (*c).settle_pending.swap(false, Ordering::Acquire)
             && (*c).depth.load(Ordering::Relaxed) == 0
             && !phase_state::process_active()
         {
