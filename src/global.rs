@@ -32,17 +32,25 @@ fn small(class: usize) -> *mut u8 {
     }
 }
 
-/// The small-object slow path: the start-up phase's trigger is polled here (the phase layer sits
-/// above the caches), then the cache refills, then `EDGEPOOL_CURVE`'s sampler is started if asked.
-/// (The large paths do the same: [`alloc_general_with`].)
+/// What every allocation slow path (the small one, and every large allocation) does around its
+/// allocation: the start-up phase's trigger is polled before it (here, because the phase layer sits
+/// above the caches; an allocation after the phase's end belongs to the run), and
+/// `EDGEPOOL_CURVE`'s sampler is started after it if asked, outside every lock (starting it may
+/// allocate: pthread_create).
+#[inline(always)]
+fn around_slow_path(alloc: impl FnOnce() -> *mut u8) -> *mut u8 {
+    phase::poll_trigger();
+    let p = alloc();
+    crate::curve::poll();
+    p
+}
+
+/// The small-object slow path: the cache refills (settling its load rows first if a phase's end
+/// left that to it), inside [`around_slow_path`].
 #[cold]
 #[inline(never)]
 fn small_slow(class: usize) -> *mut u8 {
-    phase::poll_trigger();
-    let p = cache::alloc_slow(class);
-    // After the allocation, outside every lock: starting the sampler may allocate (pthread_create).
-    crate::curve::poll();
-    p
+    around_slow_path(|| cache::alloc_slow(class))
 }
 
 /// Allocates `size` bytes aligned to `align` (a power of two). Returns null on failure. `size == 0`
@@ -233,15 +241,12 @@ fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -
         return core::ptr::null_mut();
     }
     // The large paths are allocation slow paths too, and a program may allocate nothing small for a
-    // long while (a loader reading weights): as on the small slow path, the start-up phase's trigger
-    // is polled and a phase's end that left this thread's load rows to it is carried out (before
-    // the allocation, which then belongs to the run), and `EDGEPOOL_CURVE`'s sampler started (after
-    // it, outside every lock: starting it may allocate).
-    phase::poll_trigger();
-    cache::settle_if_pending();
-    let p = large_or_mapped(size, align, zeroed, prefault);
-    crate::curve::poll();
-    p
+    // long while (a loader reading weights): as the small slow path's refill does, a phase's end
+    // that left this thread's load rows to it is carried out before the allocation.
+    around_slow_path(|| {
+        cache::settle_if_pending();
+        large_or_mapped(size, align, zeroed, prefault)
+    })
 }
 
 /// The rest of [`alloc_general_with`] for a request no size class serves: the thread's run cache,
