@@ -8,9 +8,13 @@
 //!    the C compiler has `libgcc_eh.a` (the same unwinder, built for static linking), a copy named
 //!    `libgcc_s.a` in a directory searched first makes the linker take it instead. Its symbols stay
 //!    local: a cdylib exports only its `#[no_mangle]` functions.
-//! 2. **The text layout** (`link/layout.ld`): edgepool's code, the code that runs when the library is
-//!    loaded, and the PLT go first in the text, away from the standard library's panic and backtrace
-//!    machinery. See that file.
+//! 2. **The text layout** (`link/layout.ld`): the code that every process runs (edgepool's hot code,
+//!    the code that runs when the library is loaded, and the PLT) goes first in the text, in one
+//!    64 KiB window, away from the standard library's panic and backtrace machinery and from
+//!    edgepool's cold code. Segments are aligned to 64 KiB (`-z max-page-size`, which glibc's loader
+//!    honours for the load address since 2.35) and the executable segment starts on such a boundary
+//!    (`-z separate-code`), so that the kernel's 64 KiB fault-around windows fall where the layout
+//!    expects them. See that file.
 
 use std::env;
 use std::path::PathBuf;
@@ -30,6 +34,9 @@ fn main() {
     let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let script = dir.join("link").join("layout.ld");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+    for arg in ["-Wl,-z,max-page-size=0x10000", "-Wl,-z,separate-code"] {
+        println!("cargo:rustc-cdylib-link-arg={arg}");
+    }
 }
 
 /// Step 1: `libgcc_s.a` (a copy of the C compiler's `libgcc_eh.a`) in `OUT_DIR`, searched first.

@@ -52,6 +52,7 @@ def main():
         names.append(n)
         libs[n] = os.path.abspath(path)
     exe = compare.compiled("footprint", ["-pthread"])
+    compare.uncache(libs.values())
     runs = {n: [] for n in names}
     for r in range(a.rounds):
         for n in compare.rotated(names, r):

@@ -40,27 +40,33 @@ pub struct Started {
 /// default kept; a name that is no option (a typo) is reported with the closest option's name.
 pub fn read_options() -> Values {
     let mut opts = Values::defaults();
-    os::for_each_option(|name, value| {
-        let shown = core::str::from_utf8(name).unwrap_or("?");
-        let mut m = os::MsgBuf::new();
-        match opts.apply(name, value) {
-            Ok(true) => return,
-            Ok(false) if options::is_tool_name(name) => return,
-            Ok(false) => {
-                m.str("edgepool: EDGEPOOL_").str(shown).str(" is not an option of edgepool, ignored");
-                if let Some(c) = options::closest(name) {
-                    m.str(" (did you mean EDGEPOOL_").str(c).str("?)");
-                }
-                m.str("; EDGEPOOL_VERBOSE=1 lists the options\n");
-            }
-            Err(why) => {
-                m.str("edgepool: ignoring bad value of EDGEPOOL_").str(shown).str(" (");
-                m.str(why).str("), keeping the default\n");
-            }
-        }
-        os::write_stderr(m.as_bytes());
-    });
+    os::for_each_option(|name, value| apply_option(&mut opts, name, value));
     opts
+}
+
+/// Applies one `EDGEPOOL_<name>=<value>`, or says on stderr why not. Out of line, so that the scan of
+/// the environment, which every process runs, stays small: this runs only where a variable is set,
+/// and `cdylib/link/layout.ld` puts it with the other code that most processes never run.
+#[inline(never)]
+fn apply_option(opts: &mut Values, name: &[u8], value: &[u8]) {
+    let shown = core::str::from_utf8(name).unwrap_or("?");
+    let mut m = os::MsgBuf::new();
+    match opts.apply(name, value) {
+        Ok(true) => return,
+        Ok(false) if options::is_tool_name(name) => return,
+        Ok(false) => {
+            m.str("edgepool: EDGEPOOL_").str(shown).str(" is not an option of edgepool, ignored");
+            if let Some(c) = options::closest(name) {
+                m.str(" (did you mean EDGEPOOL_").str(c).str("?)");
+            }
+            m.str("; EDGEPOOL_VERBOSE=1 lists the options\n");
+        }
+        Err(why) => {
+            m.str("edgepool: ignoring bad value of EDGEPOOL_").str(shown).str(" (");
+            m.str(why).str("), keeping the default\n");
+        }
+    }
+    os::write_stderr(m.as_bytes());
 }
 
 /// Size of the pieces a lazy region is claimed in (or the top block, if smaller).

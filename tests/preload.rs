@@ -69,12 +69,47 @@ fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
     })
 }
 
+/// A private copy of `so` in `dir`, out of the page cache: written back, then dropped, so that a
+/// process maps it as it maps a library read from disk. Just written, a file sits in the page cache
+/// in large folios, which the kernel may map whole (up to 64 KiB more of the library's code resident
+/// in a process than once it has been read back from disk). The copy is the test's own: no other
+/// test maps it, which would keep its pages cached.
+fn uncached_copy(so: &Path, dir: &Path) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    let copy = dir.join("libedgepool.so");
+    std::fs::copy(so, &copy).unwrap();
+    let f = std::fs::File::open(&copy).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: a valid open descriptor; the call only drops clean cached pages of the file.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
+    copy
+}
+
+/// The resident pages of the library's code (ELF addresses) in `exe --code-pages` run on `so`.
+fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> Vec<u64> {
+    let mut cmd = Command::new(exe);
+    cmd.arg("--code-pages").env("LD_PRELOAD", so);
+    let out = run_with(&mut cmd, false, env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let pages: Vec<u64> =
+        text.lines().filter_map(|l| u64::from_str_radix(l.strip_prefix("resident 0x")?, 16).ok()).collect();
+    assert!(!pages.is_empty(), "no resident code page found: {text}");
+    pages
+}
+
 /// What a process keeps resident of the library's code (cdylib/build.rs, cdylib/link/layout.ld): the
-/// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; the C entry points lie in
-/// edgepool's own section at the front of the text; and the pages a C program touches lie within
-/// that section, plus at most the 64 KiB that the kernel maps around a touched page. Before the layout, std's argv hook (run at load) and the PLT
-/// behind the `atexit`/`pthread_atfork` stubs sat among std's panic machinery at the far end of the
-/// text, and 88 KiB of it were resident in every process.
+/// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; the code every process runs (the
+/// start-up code, the PLT, the C entry points, the allocation paths) lies in edgepool's own section
+/// at the front of the text, within one 64 KiB window, and the code most processes never run
+/// (reports, option parsing, misuse reports, blocks straight from the OS) in a cold section at the
+/// end. The kernel maps a library's pages 64 KiB at a time around each page touched
+/// ("fault-around"), so a C program keeps exactly that window of the library's code resident; with
+/// `EDGEPOOL_*` variables set, parsing them adds the cold section's windows, never std's code.
+/// Before the layout, std's argv hook (run at load) and the PLT behind the `atexit`/`pthread_atfork`
+/// stubs sat among std's panic machinery at the far end of the text, and 88 KiB of it were resident
+/// in every process; before the cold section, edgepool's section spanned three windows.
 #[test]
 fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let so = lib();
@@ -91,27 +126,35 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let nm = tool("nm", &["-D", "--defined-only"], &so);
     assert!(!nm.contains("_Unwind_"), "the linked-in unwinder is exported");
 
+    const WINDOW: u64 = 64 * 1024;
     let (start, size) = section(&so, ".text.edgepool").expect("no .text.edgepool section: the layout was not applied");
+    let (cold_start, cold_size) = section(&so, ".text.edgepool_cold").expect("no .text.edgepool_cold section");
+    let (init, _) = section(&so, ".init").expect(".init");
+    let end = start + size;
+    let cold_end = cold_start + cold_size;
+    // The start-up code and edgepool's section share one 64 KiB window.
+    let hot = init / WINDOW * WINDOW..(end - 1) / WINDOW * WINDOW + WINDOW;
+    assert!(init < start, ".init at {init:#x} does not precede edgepool's section at {start:#x}");
+    assert_eq!(
+        hot.end - hot.start,
+        WINDOW,
+        ".init ({init:#x}) to the end of edgepool's section ({end:#x}) spans more than one 64 KiB window: \
+         move code that most processes never run to the cold section (cdylib/link/layout.ld)"
+    );
     // Every C entry point lies in edgepool's section ("000000000001a800 T malloc").
     for line in nm.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if let [addr, "T", name] = f[..] {
             let a = u64::from_str_radix(addr, 16).unwrap();
-            assert!((start..start + size).contains(&a), "{name} at {a:#x} is outside edgepool's section");
+            assert!((start..end).contains(&a), "{name} at {a:#x} is outside edgepool's section");
         }
     }
     let (_, rest) = section(&so, ".text").expect(".text");
     assert!(rest > 2 * size, "the rest of the text ({rest} bytes) should be most of it (edgepool's: {size})");
-    // Statically: edgepool's code calls nothing outside its section but panics, unwinding and the
-    // allocation-failure handler (never run: the allocator does not panic or allocate through Rust's
-    // handler). Direct calls name their target; calls through the GOT
+    // Statically: edgepool's code, hot or cold, calls nothing outside its two sections but panics,
+    // unwinding and the allocation-failure handler (never run: the allocator does not panic or
+    // allocate through Rust's handler). Direct calls name their target; calls through the GOT
     // (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`) are resolved through the slot's relocation.
-    let end = start + size;
-    let dis = tool(
-        "objdump",
-        &["-d", "--no-show-raw-insn", &format!("--start-address={start:#x}"), &format!("--stop-address={end:#x}")],
-        &so,
-    );
     let slots: std::collections::HashMap<u64, u64> = tool("readelf", &["-rW"], &so)
         .lines()
         .filter_map(|l| {
@@ -129,56 +172,65 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
         })
         .collect();
     let name_at = |a: u64| syms.iter().take_while(|(s, _)| *s <= a).last().map_or("?", |(_, n)| n.as_str());
+    let ours = |t: u64| (start..end).contains(&t) || (cold_start..cold_end).contains(&t);
     let mut outside = BTreeSet::new();
     let mut calls = 0;
-    for line in dis.lines() {
-        let Some(pos) = line.find("call").or_else(|| line.find("jmp")) else { continue };
-        let op = &line[pos..];
-        let target = if let Some(slot) = op.strip_prefix("call").filter(|o| o.contains("*0x")).and_then(|o| {
-            let hash = o.split('#').nth(1)?;
-            u64::from_str_radix(hash.split_whitespace().next()?, 16).ok()
-        }) {
-            slots.get(&slot).copied()
-        } else {
-            op.split_whitespace().nth(1).and_then(|t| u64::from_str_radix(t, 16).ok())
-        };
-        let Some(t) = target else { continue };
-        calls += 1;
-        let name = name_at(t);
-        let never_run = ["panic", "_fail", "Unwind", "handle_error"].iter().any(|w| name.contains(w));
-        if !(start..end).contains(&t) && !never_run {
-            outside.insert(format!("{t:#x} {name}"));
+    for (lo, hi) in [(start, end), (cold_start, cold_end)] {
+        let dis = tool(
+            "objdump",
+            &["-d", "--no-show-raw-insn", &format!("--start-address={lo:#x}"), &format!("--stop-address={hi:#x}")],
+            &so,
+        );
+        for line in dis.lines() {
+            let Some(pos) = line.find("call").or_else(|| line.find("jmp")) else { continue };
+            let op = &line[pos..];
+            let target = if let Some(slot) = op.strip_prefix("call").filter(|o| o.contains("*0x")).and_then(|o| {
+                let hash = o.split('#').nth(1)?;
+                u64::from_str_radix(hash.split_whitespace().next()?, 16).ok()
+            }) {
+                slots.get(&slot).copied()
+            } else {
+                op.split_whitespace().nth(1).and_then(|t| u64::from_str_radix(t, 16).ok())
+            };
+            let Some(t) = target else { continue };
+            calls += 1;
+            let name = name_at(t);
+            let never_run = ["panic", "_fail", "Unwind", "handle_error"].iter().any(|w| name.contains(w));
+            if !ours(t) && !never_run {
+                outside.insert(format!("{t:#x} {name}"));
+            }
         }
     }
-    assert!(calls > 1000, "only {calls} calls found in edgepool's section: the disassembly was not read");
-    assert!(outside.is_empty(), "edgepool's code calls outside its section: {outside:?}");
+    assert!(calls > 1000, "only {calls} calls found in edgepool's sections: the disassembly was not read");
+    assert!(outside.is_empty(), "edgepool's code calls outside its sections: {outside:?}");
 
-    let limit = end + 64 * 1024;
     let dir = tmp_dir("resident");
     let exe = dir.join("resident");
     compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/footprint.c"), &exe, &["-pthread"]);
-    // With options set, as CI sets EDGEPOOL_TEST_PYTHON: reading them runs code of its own.
-    let out = run_with(
-        Command::new(&exe).arg("--code-pages"),
-        true,
-        &[("EDGEPOOL_RETAIN", "8M"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_TEST_X", "1")],
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let pages: Vec<u64> =
-        text.lines().filter_map(|l| u64::from_str_radix(l.strip_prefix("resident 0x")?, 16).ok()).collect();
-    assert!(!pages.is_empty(), "no resident code page found: {text}");
-    let beyond: Vec<String> = pages.iter().filter(|&&a| a >= limit).map(|a| format!("{a:#x}")).collect();
+    let copy = uncached_copy(&so, &dir);
+    // Without options: that one window (the pages of it that are in the page cache: normally all 16)
+    // and nothing else.
+    let pages = code_pages(&exe, &copy, &[]);
+    let beyond: Vec<String> = pages.iter().filter(|a| !hot.contains(a)).map(|a| format!("{a:#x}")).collect();
     assert!(
         beyond.is_empty(),
-        "pages of the library's code beyond edgepool's section (ends {:#x}) + 64 KiB are resident: {beyond:?}",
-        start + size
+        "code pages outside the window {hot:#x?} of edgepool's section are resident: {beyond:?}"
+    );
+    eprintln!("{} code pages resident without options", pages.len());
+    // With options set, as CI sets EDGEPOOL_TEST_PYTHON: reading them runs code of the cold section.
+    let cold = cold_start / WINDOW * WINDOW..(cold_end - 1) / WINDOW * WINDOW + WINDOW;
+    let pages =
+        code_pages(&exe, &copy, &[("EDGEPOOL_RETAIN", "8M"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_TEST_X", "1")]);
+    let beyond: Vec<String> =
+        pages.iter().filter(|a| !hot.contains(a) && !cold.contains(a)).map(|a| format!("{a:#x}")).collect();
+    assert!(
+        beyond.is_empty(),
+        "code pages outside edgepool's windows {hot:#x?} and {cold:#x?} are resident: {beyond:?}"
     );
     eprintln!(
-        "{} code pages resident; edgepool's section {:#x}..{:#x}, the rest {rest} bytes",
-        pages.len(),
-        start,
-        start + size
+        "{} code pages resident with options set; edgepool's section {start:#x}..{end:#x}, cold {cold_start:#x}..{cold_end:#x}, \
+         the rest {rest} bytes",
+        pages.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
