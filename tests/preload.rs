@@ -86,10 +86,16 @@ fn uncached_copy(so: &Path, dir: &Path) -> PathBuf {
     copy
 }
 
-/// The resident pages of the library's code (ELF addresses) in `exe --code-pages` run on `so`.
+/// The resident pages of the library's code (ELF addresses) in `exe --code-pages` run on `so`, with
+/// the `EDGEPOOL_*` variables `env` and no other (CI sets some of its own).
 fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> Vec<u64> {
     let mut cmd = Command::new(exe);
     cmd.arg("--code-pages").env("LD_PRELOAD", so);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("EDGEPOOL_") {
+            cmd.env_remove(k);
+        }
+    }
     let out = run_with(&mut cmd, false, env);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
