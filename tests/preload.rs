@@ -111,8 +111,9 @@ fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> Vec<u64> {
 /// at the front of the text, within one 64 KiB window, and the code most processes never run
 /// (reports, option parsing, misuse reports, blocks straight from the OS) in a cold section at the
 /// end. The kernel maps a library's pages 64 KiB at a time around each page touched
-/// ("fault-around"), so a C program keeps exactly that window of the library's code resident; with
-/// `EDGEPOOL_*` variables set, parsing them adds the cold section's windows, never std's code.
+/// ("fault-around"), so a C program keeps only pages of that window of the library's code
+/// resident; with `EDGEPOOL_*` variables set, parsing them adds the cold section's windows, never
+/// std's code.
 /// Before the layout, std's argv hook (run at load) and the PLT behind the `atexit`/`pthread_atfork`
 /// stubs sat among std's panic machinery at the far end of the text, and 88 KiB of it were resident
 /// in every process; before the cold section, edgepool's section spanned three windows.
@@ -138,8 +139,10 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let (init, _) = section(&so, ".init").expect(".init");
     let end = start + size;
     let cold_end = cold_start + cold_size;
+    // The 64 KiB windows that the addresses `lo..hi` lie in.
+    let windows = |lo: u64, hi: u64| lo / WINDOW * WINDOW..(hi - 1) / WINDOW * WINDOW + WINDOW;
     // The start-up code and edgepool's section share one 64 KiB window.
-    let hot = init / WINDOW * WINDOW..(end - 1) / WINDOW * WINDOW + WINDOW;
+    let hot = windows(init, end);
     assert!(init < start, ".init at {init:#x} does not precede edgepool's section at {start:#x}");
     assert_eq!(
         hot.end - hot.start,
@@ -224,7 +227,7 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     );
     eprintln!("{} code pages resident without options", pages.len());
     // With options set, as CI sets EDGEPOOL_TEST_PYTHON: reading them runs code of the cold section.
-    let cold = cold_start / WINDOW * WINDOW..(cold_end - 1) / WINDOW * WINDOW + WINDOW;
+    let cold = windows(cold_start, cold_end);
     let pages =
         code_pages(&exe, &copy, &[("EDGEPOOL_RETAIN", "8M"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_TEST_X", "1")]);
     let beyond: Vec<String> =
