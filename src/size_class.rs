@@ -49,15 +49,15 @@ pub const fn natural_align(size: usize) -> usize {
     }
 }
 
-/// The geometry of a slab of one class. Invariants: `first` (where slot 0 starts in the slab's block)
-/// is a multiple of `natural_align(size)`; `nwords <= MAX_WORDS` (the header and both
-/// bitmaps fit their out-of-band entry); `first + nslots * size <= SLAB_SIZE`;
-/// `nwords * 64 >= nslots`; `recip = ceil(2^32 / size)`, which turns the division of any offset below
-/// `SLAB_SIZE` by `size` into an exact multiply and shift.
+/// The geometry of a slab of one class: slot `i` starts `i * size` bytes into the slab's block (the
+/// header and bitmaps are out of band, so slot 0 starts the block, at every class's natural
+/// alignment). Invariants: `nwords <= MAX_WORDS` (the header and both bitmaps fit their out-of-band
+/// entry); `nslots * size <= SLAB_SIZE`; `nwords * 64 >= nslots`; `recip = ceil(2^32 / size)`, which
+/// turns the division of any offset below `SLAB_SIZE` by `size` into an exact multiply and shift,
+/// and tells whether `size` divides it ([`slot_index`], [`is_slot_start`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub size: u32,
-    pub first: u32,
     pub nslots: u32,
     pub nwords: u32,
     pub recip: u32,
@@ -65,16 +65,15 @@ pub struct Geometry {
 
 const fn geometry(size: usize) -> Geometry {
     // The whole block holds slots: the header and bitmap are out of band.
-    let first = 0;
-    let fit = (SLAB_SIZE - first) / size;
+    let fit = SLAB_SIZE / size;
     let nslots = if fit < MAX_SLOTS { fit } else { MAX_SLOTS };
     let nwords = nslots.div_ceil(64);
     let recip = ((1u64 << 32).div_ceil(size as u64)) as u32;
-    Geometry { size: size as u32, first: first as u32, nslots: nslots as u32, nwords: nwords as u32, recip }
+    Geometry { size: size as u32, nslots: nslots as u32, nwords: nwords as u32, recip }
 }
 
 pub const GEOMETRY: [Geometry; NCLASSES] = {
-    let mut g = [Geometry { size: 0, first: 0, nslots: 0, nwords: 0, recip: 0 }; NCLASSES];
+    let mut g = [Geometry { size: 0, nslots: 0, nwords: 0, recip: 0 }; NCLASSES];
     let mut i = 0;
     while i < NCLASSES {
         g[i] = geometry(CLASS_SIZES[i]);
@@ -104,9 +103,11 @@ const _: () = {
     let mut i = 0;
     while i < NCLASSES {
         let g = GEOMETRY[i];
-        assert!(g.first as usize % natural_align(g.size as usize) == 0);
         assert!(g.nwords as usize <= MAX_WORDS && SLAB_HEADER + 16 * MAX_WORDS <= SLAB_META);
-        assert!(g.first as usize + g.nslots as usize * g.size as usize <= SLAB_SIZE);
+        assert!(g.nslots as usize * g.size as usize <= SLAB_SIZE);
+        // `slot_index` and `is_slot_start` are exact for offsets below SLAB_SIZE = 2^16 when
+        // 2^32 >= 2^16 * size (see `is_slot_start`).
+        assert!(g.size as usize <= 1 << 16);
         assert!(g.nwords as usize * 64 >= g.nslots as usize);
         assert!(g.nslots >= 4);
         assert!(CLASS_SIZES[i] % 16 == 0);
@@ -142,6 +143,17 @@ pub fn slot_index(offset: usize, recip: u32) -> usize {
     ((offset as u64 * recip as u64) >> 32) as usize
 }
 
+/// Whether `size` divides `offset` (an offset inside a slab), by the class's reciprocal: the low 32
+/// bits of `offset * recip` are below `recip` exactly when it does (Lemire, Kaser and Kurz, "Faster
+/// remainder by direct computation", 2019: with `recip = ceil(2^32 / size)` this holds for every
+/// offset below `2^32 / size`, so for every offset below `SLAB_SIZE = 2^16` as `size <= 2^16`). One
+/// comparison on the product [`slot_index`] takes its high half from, in place of a multiply back
+/// and a compare.
+#[inline(always)]
+pub fn is_slot_start(offset: usize, recip: u32) -> bool {
+    ((offset as u64 * recip as u64) as u32) < recip
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,7 +178,6 @@ mod tests {
                 let g = GEOMETRY[c];
                 assert!(g.size as usize >= size);
                 assert!(natural_align(g.size as usize) >= align, "{size} {align}");
-                assert_eq!(g.first as usize % align, 0);
                 assert_eq!(g.size as usize % align, 0);
             }
         }
@@ -179,6 +190,15 @@ mod tests {
         for g in GEOMETRY {
             for off in 0..SLAB_SIZE {
                 assert_eq!(slot_index(off, g.recip), off / g.size as usize, "size {} off {off}", g.size);
+            }
+        }
+    }
+
+    #[test]
+    fn slot_start_test_is_exact_for_every_offset() {
+        for g in GEOMETRY {
+            for off in 0..SLAB_SIZE {
+                assert_eq!(is_slot_start(off, g.recip), off % g.size as usize == 0, "size {} off {off}", g.size);
             }
         }
     }

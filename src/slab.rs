@@ -20,7 +20,7 @@
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os;
-use crate::size_class::{slot_index, GEOMETRY, MAX_WORDS, SLAB_HEADER, SLAB_META, SLAB_SIZE};
+use crate::size_class::{is_slot_start, slot_index, GEOMETRY, MAX_WORDS, SLAB_HEADER, SLAB_META, SLAB_SIZE};
 
 /// `remote` bit: the slab is on (or being pushed onto) its owner's remote queue.
 pub const QUEUED: usize = 1;
@@ -80,7 +80,7 @@ pub enum SlabState {
 /// - `free_count` is the number of set bits of the bitmap (checked-out bits not included);
 /// - `state` says where the slab is among the owner's lists (see [`SlabState`]); `next`/`prev` link
 ///   the partial or full list of row `row` that holds it (null otherwise);
-/// - `size`, `first`, `nslots`, `nwords`, `recip`, `class` are the class's [`GEOMETRY`], fixed at
+/// - `size`, `nslots`, `nwords`, `recip`, `class` are the class's [`GEOMETRY`], fixed at
 ///   [`Slab::init`]; so are `owner` and `data`, the 64 KiB-aligned block holding the slots.
 #[repr(C, align(64))]
 pub struct Slab {
@@ -88,7 +88,6 @@ pub struct Slab {
     pub free_count: u32,
     pub nslots: u32,
     pub size: u32,
-    pub first: u32,
     pub recip: u32,
     pub nwords: u32,
     pub class: u8,
@@ -99,7 +98,7 @@ pub struct Slab {
     pub owner: OwnerId,
     pub next: *mut Slab,
     pub prev: *mut Slab,
-    /// The slab's block: slot `i` starts at `data + first + i * size`.
+    /// The slab's block: slot `i` starts at `data + i * size`.
     pub data: *mut u8,
     /// Remote-free state on its own cache line.
     pub shared: Shared,
@@ -121,6 +120,15 @@ pub struct Shared {
 }
 
 const _: () = assert!(core::mem::size_of::<Slab>() == SLAB_HEADER && SLAB_HEADER <= SLAB_META);
+
+/// Aborts on a pointer inside a slab that does not start a slot. Out of line with its message, so
+/// that the free path's checks branch here without setting the message's arguments up first (the
+/// compiler hoisted them into the path: two instructions on every free).
+#[cold]
+#[inline(never)]
+fn not_a_slot(p: *mut u8) -> ! {
+    os::invalid_pointer(p, "free(): pointer is not the start of a block")
+}
 
 impl Slab {
     /// The bitmap: `nwords` words right after the header.
@@ -149,7 +157,6 @@ impl Slab {
                 free_count: g.nslots,
                 nslots: g.nslots,
                 size: g.size,
-                first: g.first,
                 recip: g.recip,
                 nwords: g.nwords,
                 class: class as u8,
@@ -187,32 +194,26 @@ impl Slab {
         // SAFETY: forwarded contract.
         match unsafe { Slab::slot_of(this, p as usize) } {
             Some(idx) => idx,
-            None => os::invalid_pointer(p, "free(): pointer is not the start of a block"),
+            None => not_a_slot(p),
         }
     }
 
-    /// The slot index of address `p`, or `None` if `p` is not the start of one of the slab's slots
-    /// (any address may be asked about).
+    /// The slot index of address `p`, or `None` if `p` is not the start of one of the slab's slots.
+    /// Two fields of the header are read: `p`'s offset in the block comes from its low bits (the
+    /// block is aligned to its size).
     ///
     /// # Safety
-    /// - `this` is a live slab.
+    /// - `this` is a live slab and `p` lies inside its block (`data .. data + SLAB_SIZE`).
     #[inline(always)]
     pub unsafe fn slot_of(this: *mut Slab, p: usize) -> Option<usize> {
         // SAFETY: the geometry fields of a live slab are immutable after init; they are read through
         // the raw pointer, without a reference to the header, whose owner fields the owner may be
         // writing meanwhile (this runs on remote frees too).
-        let (data, first, recip, size, nslots) = unsafe {
-            (
-                (*this).data as usize,
-                (*this).first as usize,
-                (*this).recip,
-                (*this).size as usize,
-                (*this).nslots as usize,
-            )
-        };
-        let off = p.wrapping_sub(data + first);
-        let idx = slot_index(off & (SLAB_SIZE - 1), recip);
-        (off < SLAB_SIZE && idx * size == off && idx < nslots).then_some(idx)
+        let (data, recip, nslots) = unsafe { ((*this).data as usize, (*this).recip, (*this).nslots as usize) };
+        debug_assert_eq!(p & !(SLAB_SIZE - 1), data, "{p:#x} is outside the slab's block");
+        let off = p & (SLAB_SIZE - 1);
+        let idx = slot_index(off, recip);
+        (is_slot_start(off, recip) && idx < nslots).then_some(idx)
     }
 
     /// The remote bitmap: `nwords` atomic words after the free bitmap's room (`MAX_WORDS` words).
@@ -261,7 +262,7 @@ impl Slab {
         // SAFETY: owner-only header fields and bitmap of a live slab (contract).
         let s = unsafe { &*this };
         let g = GEOMETRY.get(s.class as usize).ok_or("slab class out of range")?;
-        if (s.size, s.first, s.nslots, s.nwords, s.recip) != (g.size, g.first, g.nslots, g.nwords, g.recip) {
+        if (s.size, s.nslots, s.nwords, s.recip) != (g.size, g.nslots, g.nwords, g.recip) {
             return Err("slab header does not match its class's geometry");
         }
         if s.data as usize & (SLAB_SIZE - 1) != 0 || this as usize & 63 != 0 {
@@ -363,7 +364,7 @@ mod tests {
                 assert_eq!((*s).state, SlabState::Current);
                 // Every slot's index round-trips through index_of.
                 for i in [0, 1, g.nslots as usize - 1] {
-                    let p = f.data.add(g.first as usize + i * g.size as usize);
+                    let p = f.data.add(i * g.size as usize);
                     assert_eq!(Slab::index_of(s, p), i);
                 }
             }

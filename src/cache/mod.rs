@@ -18,10 +18,12 @@
 //! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
 //! including the size check, the size-class table, the TLS load, the row's allocation count (one
 //! `inc` on the row's line: the phase reports and the statistics count every allocation) and clearing
-//! the freed mark; a free by the owner onto the stack runs 56, including the page-map lookup, the
-//! owner compare, the interior-pointer check, the freed mark (5 of them) and the row's free count (1,
-//! for the statistics: 55 before). The `debug` feature adds the hooks check (`global`: debug mode,
-//! profiling) to each: 26, 32 and 60. (Before the rows were reached through
+//! the freed mark; a free by the owner onto the stack runs 48, including the page-map lookup, the
+//! owner compare, the interior-pointer check (`Slab::slot_of`: the offset from the pointer's low
+//! bits, then one multiply by the class's reciprocal gives the slot and says whether the pointer
+//! starts one; 56 when it read the block's address and multiplied back), the freed mark (5 of them)
+//! and the row's free count (1, for the statistics). The `debug` feature adds the hooks check
+//! (`global`: debug mode, profiling) to each: 26, 32 and 52. (Before the rows were reached through
 //! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.)
 //!
 //! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the
@@ -429,7 +431,7 @@ unsafe fn checkout(row: *mut ClassState) -> bool {
                 (*row).word = w;
                 (*row).widx = h;
                 (*row).size = (*s).size as usize;
-                (*row).base = (*s).data.add((*s).first as usize + h as usize * 64 * (*row).size);
+                (*row).base = (*s).data.add(h as usize * 64 * (*row).size);
                 return true;
             }
             h += 1;
@@ -747,9 +749,7 @@ unsafe fn release_bits(row: *mut ClassState, slab: *mut Slab, w: u32, bits: u64)
         };
         let twice = *word & bits;
         if twice != 0 {
-            let p = (*slab).data.add(
-                (*slab).first as usize + (w as usize * 64 + twice.trailing_zeros() as usize) * (*slab).size as usize,
-            );
+            let p = (*slab).data.add((w as usize * 64 + twice.trailing_zeros() as usize) * (*slab).size as usize);
             os::invalid_pointer(p, "free(): double free detected");
         }
         *word |= bits;
@@ -964,7 +964,7 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
                 check_slab(cache, cur, ri, SlabState::Current)?;
                 let out: &[(u32, u64)] = if (*r).widx == NO_WORD { &[] } else { &[((*r).widx, (*r).word)] };
                 if let Some(&(w, _)) = out.first() {
-                    let base = (*cur).data.add((*cur).first as usize + w as usize * 64 * (*cur).size as usize);
+                    let base = (*cur).data.add(w as usize * 64 * (*cur).size as usize);
                     if (*r).base != base || (*r).size != (*cur).size as usize {
                         return Err("the row's word base or size does not match its slab");
                     }

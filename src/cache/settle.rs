@@ -185,8 +185,7 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
         return 0;
     }
     // SAFETY: header fields and bitmap of a live slab owned by the caller.
-    let (first, size, nslots, bits) =
-        unsafe { ((*s).first as usize, (*s).size as usize, (*s).nslots as usize, Slab::bits(s)) };
+    let (size, nslots, bits) = unsafe { ((*s).size as usize, (*s).nslots as usize, Slab::bits(s)) };
     let free = |i: usize| {
         // SAFETY: i < nslots <= 64 * nwords.
         unsafe { *bits.add(i >> 6) & (1u64 << (i & 63)) != 0 }
@@ -199,8 +198,8 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
         let purge_this = page < PAGES && {
             let ps = page * os::PAGE;
             let pe = ps + os::PAGE;
-            let lo = (ps - first.min(ps)) / size;
-            let hi = nslots.min((pe - first).div_ceil(size));
+            let lo = ps / size;
+            let hi = nslots.min(pe.div_ceil(size));
             lo < hi && (lo..hi).all(free) && resident[page] & 1 != 0
         };
         if purge_this {
