@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Counts the instructions of the fast paths in examples/asm_probe.rs, as the comment in
-src/cache/mod.rs quotes them:
+src/cache/mod.rs quotes them, and of the same paths in the library's own `malloc` and `free` (what a
+program under LD_PRELOAD runs), if target/release/libedgepool.so is built:
 
     cargo build --release --example asm_probe && python3 scripts/fast-path-insns.py
+    cargo build --release -p edgepool-cdylib && python3 scripts/fast-path-insns.py
 
 Each path is followed from the function's entry through its straight-line code, with the named
 conditional jump taken, up to its `ret`:
@@ -18,10 +20,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "examples", "asm_probe")
+LIB = os.path.join(ROOT, "target", "release", "libedgepool.so")
 
 
-def function(name):
-    out = subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", BIN], check=True,
+def function(name, binary=BIN):
+    out = subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", binary], check=True,
                          capture_output=True, text=True).stdout
     body = out.split(f"<{name}>:\n", 1)[1].split("\n\n", 1)[0]
     ins = []
@@ -50,9 +53,25 @@ def walk(ins, take=0, jumps=False):
         i += 1
 
 
+def exported(name):
+    """The body of the library's exported function `name` (LLVM merges equal bodies, such as malloc's
+    and __libc_malloc's, so the one symbol that objdump shows there may bear the other name)."""
+    out = subprocess.run(["nm", "-D", "--defined-only", LIB], check=True, capture_output=True, text=True).stdout
+    addr = next(int(a, 16) for a, _, n in (line.split() for line in out.splitlines()) if n == name)
+    dis = subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", LIB], check=True,
+                         capture_output=True, text=True).stdout
+    label = next(line for line in dis.splitlines() if line.startswith(f"{addr:016x} <"))
+    return function(label.split("<", 1)[1].rstrip(">:"), LIB)
+
+
+def report(what, alloc, free):
+    print(f"{what}alloc, stack hit: {walk(alloc)} instructions")
+    print(f"{what}alloc, word hit:  {walk(alloc, walk(alloc, jumps=True))} instructions")
+    print(f"{what}free onto the stack by the owner: {walk(free)} instructions")
+
+
 if not os.path.exists(BIN):
     sys.exit("build it first: cargo build --release --example asm_probe")
-alloc, free = function("probe_alloc"), function("probe_free")
-print(f"alloc, stack hit: {walk(alloc)} instructions")
-print(f"alloc, word hit:  {walk(alloc, walk(alloc, jumps=True))} instructions")
-print(f"free onto the stack by the owner: {walk(free)} instructions")
+report("", function("probe_alloc"), function("probe_free"))
+if os.path.exists(LIB):
+    report("libedgepool.so malloc/free: ", exported("malloc"), exported("free"))

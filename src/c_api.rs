@@ -24,11 +24,8 @@ fn fail(e: i32) -> *mut c_void {
 /// `malloc(n)`: `n == 0` gives a unique pointer; `n > PTRDIFF_MAX` gives NULL + `ENOMEM`.
 #[inline]
 pub fn malloc(n: usize) -> *mut c_void {
-    let p = global::alloc(n, MIN_ALIGN);
-    if p.is_null() {
-        return fail(libc::ENOMEM);
-    }
-    p.cast()
+    const _: () = assert!(MIN_ALIGN == 16, "global::alloc_c allocates at 16 bytes' alignment");
+    global::alloc_c(n).cast()
 }
 
 /// `calloc(n, s)`: overflow gives NULL + `ENOMEM`; the memory is zero.

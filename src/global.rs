@@ -63,6 +63,32 @@ pub fn alloc(size: usize, align: usize) -> *mut u8 {
     alloc_raw(size, align)
 }
 
+/// `malloc`'s path: [`alloc`] at the C alignment (16 bytes), with errno set to `ENOMEM` on failure.
+/// Every way out of the fast path is a tail call of a function that cannot unwind, so that the
+/// library's `malloc`, an `extern "C"` function, keeps no stack frame (it kept one for the test of
+/// the slow path's result that errno needs, and for the landing pad that aborts an unwinding
+/// callee: two instructions on every allocation; see `cache::free_small`).
+#[inline(always)]
+pub fn alloc_c(size: usize) -> *mut u8 {
+    if !hooked() && size.wrapping_sub(1) < SMALL_MAX {
+        if let Some(p) = cache::alloc_fast(class_of(size)) {
+            return p.as_ptr();
+        }
+    }
+    alloc_c_slow(size)
+}
+
+/// [`alloc_c`] when the fast path missed.
+#[cold]
+#[inline(never)]
+extern "C" fn alloc_c_slow(size: usize) -> *mut u8 {
+    let p = alloc(size, 16);
+    if p.is_null() {
+        os::set_errno(libc::ENOMEM);
+    }
+    p
+}
+
 /// [`alloc`] without the hooks.
 #[inline(always)]
 fn alloc_raw(size: usize, align: usize) -> *mut u8 {
@@ -350,7 +376,7 @@ pub unsafe fn free(p: *mut u8) {
 /// - as [`free`].
 #[cold]
 #[inline(never)]
-unsafe fn free_hooked(p: *mut u8) {
+unsafe extern "C" fn free_hooked(p: *mut u8) {
     if p.is_null() {
         return;
     }
@@ -395,9 +421,11 @@ unsafe fn free_raw(p: *mut u8) {
     unsafe { free_general(p) }
 }
 
+/// `extern "C"`: it cannot unwind, so that [`free_raw`] ends in a tail call of it (see
+/// `cache::free_small`).
 #[cold]
 #[inline(never)]
-unsafe fn free_general(p: *mut u8) {
+unsafe extern "C" fn free_general(p: *mut u8) {
     if p.is_null() {
         return;
     }

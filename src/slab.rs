@@ -130,6 +130,15 @@ fn not_a_slot(p: *mut u8) -> ! {
     os::invalid_pointer(p, "free(): pointer is not the start of a block")
 }
 
+/// [`not_a_slot`] for a free path that must end in a tail call: a function that returns, as far as
+/// its callers know (a call of one that never returns keeps the caller's stack frame, for the
+/// stack's alignment at the call), and that cannot unwind (`extern "C"`).
+#[cold]
+#[inline(never)]
+pub extern "C" fn reject(p: *mut u8) {
+    not_a_slot(p)
+}
+
 impl Slab {
     /// The bitmap: `nwords` words right after the header.
     ///

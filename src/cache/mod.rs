@@ -9,7 +9,7 @@
 //!                                                               (or arena)
 //! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
 //!                                                 (or, when full, set the bit in word or bitmap)
-//!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
+//!   ├─ free_slow(slab)                  full→partial, empty→spare/heap
 //!   └─ remote::free(p, slab)    [cold]  set the slot's bit in the slab's remote bitmap (+ queue the
 //!                                       slab once)
 //! ```
@@ -18,13 +18,17 @@
 //! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
 //! including the size check, the size-class table, the TLS load, the row's allocation count (one
 //! `inc` on the row's line: the phase reports and the statistics count every allocation) and clearing
-//! the freed mark; a free by the owner onto the stack runs 48, including the page-map lookup, the
+//! the freed mark; a free by the owner onto the stack runs 46, including the page-map lookup, the
 //! owner compare, the interior-pointer check (`Slab::slot_of`: the offset from the pointer's low
 //! bits, then one multiply by the class's reciprocal gives the slot and says whether the pointer
 //! starts one; 56 when it read the block's address and multiplied back), the freed mark (5 of them)
-//! and the row's free count (1, for the statistics). The `debug` feature adds the hooks check
-//! (`global`: debug mode, profiling) to each: 26, 32 and 52. (Before the rows were reached through
-//! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.)
+//! and the row's free count (1, for the statistics); 48 while it kept a stack frame for the calls of
+//! its aborts, which never return (see [`free_small`]). The `debug` feature adds the hooks check
+//! (`global`: debug mode, profiling) to each: 26, 32 and 50. (Before the rows were reached through
+//! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.) The
+//! library's own `malloc` and `free` run the same counts (the script counts them too); they ran two
+//! more each, a stack frame for their `extern "C"` landing pads and, in `malloc`, for setting errno
+//! after the slow path returned (`global::alloc_c`).
 //!
 //! Double frees: a free writes the freed mark (`slab::freed_mark`, random per process) into the
 //! slot's second word, and an allocation clears it. A free that finds the mark already there checks
@@ -625,6 +629,12 @@ unsafe fn list_push(row: *mut ClassState, s: *mut Slab, state: SlabState) {
 
 /// Frees slot `p` of `slab` (any thread).
 ///
+/// Every way out of the path that pushes onto the row's stack is a tail call of a function that
+/// cannot unwind (`extern "C"`, or a Rust function that returns): so the path needs no stack frame
+/// (an `extern "C"` caller, such as the library's `free`, would otherwise keep one for the landing
+/// pad that aborts an unwinding callee, and one `call` of an abort, which never returns, kept it for
+/// the stack's alignment: two instructions on every free).
+///
 /// # Safety
 /// - `slab` is a live slab and `p` a pointer inside its block that was allocated and not freed.
 #[inline(always)]
@@ -635,16 +645,25 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
         // SAFETY: forwarded contract.
         return unsafe { remote::free(p, slab) };
     }
-    // SAFETY: owner (the slab is this thread's cache's); `p` is a validated slot of at least 16 bytes,
-    // 16-aligned, so its second word is in it; `t < STACK`.
+    // SAFETY: owner (the slab is this thread's cache's); `p` lies in the slab's block (caller), and
+    // once validated is a slot of at least 16 bytes, 16-aligned, so its second word is in it;
+    // `t < STACK`.
     unsafe {
-        let idx = Slab::index_of(slab, p);
+        let Some(idx) = Slab::slot_of(slab, p as usize) else { return slab::reject(p) };
         let (mark, m) = (p.add(slab::MARK_OFFSET).cast::<u64>(), slab::freed_mark());
         if *mark == m {
             return free_marked(cache, slab, idx, p);
         }
         *mark = m;
-        owner_release(cache, slab, idx, p);
+        let row = row_of(cache, slab);
+        let t = (*row).top as usize;
+        bump(&(*row).frees);
+        if t < STACK {
+            *(&raw mut (*row).stack).cast::<*mut u8>().add(t) = p;
+            (*row).top = t as u32 + 1;
+            return;
+        }
+        release_slot(row, slab, idx, p)
     }
 }
 
@@ -665,9 +684,7 @@ unsafe fn owner_release(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut 
             (*row).top = t as u32 + 1;
             return;
         }
-        if release_slot(row, slab, idx, p) && needs_refile(slab) {
-            free_slow(slab);
-        }
+        release_slot(row, slab, idx, p)
     }
 }
 
@@ -678,7 +695,7 @@ unsafe fn owner_release(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut 
 /// - as [`owner_release`].
 #[cold]
 #[inline(never)]
-unsafe fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8) {
+unsafe extern "C" fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8) {
     // SAFETY: owner: the row, its stack and the slab's bitmap are ours to read; the remote bitmap is
     // atomic.
     unsafe {
@@ -695,36 +712,59 @@ unsafe fn free_marked(cache: *mut Cache, slab: *mut Slab, idx: usize, p: *mut u8
     }
 }
 
-/// Returns slot `idx` of `slab` to the row's checked-out word if it lies there (returns `false`),
-/// else to the slab's bitmap, lowering the search hint and counting it free (returns `true`: the
-/// slab's fill level changed, see [`needs_refile`]). Aborts on a double free.
+/// Returns slot `idx` of `slab` to the row's checked-out word if it lies there, else to the slab's
+/// bitmap, lowering the search hint and counting it free, and then moves the slab to the list its
+/// fill level calls for ([`needs_refile`], [`free_slow`]). Aborts on a double free. Every call in it
+/// is its last act, of a function that cannot unwind, so that the free path that inlines it needs no
+/// stack frame (see [`free_small`]).
 ///
 /// # Safety
 /// - owner; `row` is `slab`'s row; `idx < nslots`; `p` is the slot.
 #[inline(always)]
-unsafe fn release_slot(row: *mut ClassState, slab: *mut Slab, idx: usize, p: *mut u8) -> bool {
+unsafe fn release_slot(row: *mut ClassState, slab: *mut Slab, idx: usize, p: *mut u8) {
     let w = (idx >> 6) as u32;
     let bit = 1u64 << (idx & 63);
     // SAFETY: owner: the row and the slab's bitmap are ours; w < nwords because idx < nslots.
     unsafe {
         if (*row).widx == w && (*row).current == slab {
             if (*row).word & bit != 0 {
-                os::invalid_pointer(p, "free(): double free detected");
+                return double_free(p);
             }
             (*row).word |= bit;
-            return false;
+            return;
         }
         let word = Slab::bits(slab).add(w as usize);
         if *word & bit != 0 {
-            os::invalid_pointer(p, "free(): double free detected");
+            return double_free(p);
         }
         *word |= bit;
         if w < (*slab).hint {
             (*slab).hint = w;
         }
         (*slab).free_count += 1;
+        if needs_refile(slab) {
+            free_slow(slab);
+        }
     }
-    true
+}
+
+/// Aborts on a double free of `p`: a function that returns as far as its callers know (see
+/// [`slab::reject`]).
+#[cold]
+#[inline(never)]
+extern "C" fn double_free(p: *mut u8) {
+    os::invalid_pointer(p, "free(): double free detected")
+}
+
+/// Re-files a slab of the calling thread's cache after a slot was returned to it (out of line, and
+/// unable to unwind: see [`release_slot`]).
+///
+/// # Safety
+/// - `slab` is owned by the calling thread's cache.
+#[inline(never)]
+unsafe extern "C" fn free_slow(slab: *mut Slab) {
+    // SAFETY: forwarded contract.
+    unsafe { refile(slab) }
 }
 
 /// Returns the slots of `bits` in word `w` of `slab` (other threads' frees) to the row's checked-out
@@ -770,7 +810,8 @@ unsafe fn needs_refile(slab: *mut Slab) -> bool {
     }
 }
 
-/// Frees a slot of a slab owned by `cache`, wherever its word is.
+/// Frees a slot of a slab owned by `cache`, wherever its word is, and re-files the slab if its fill
+/// level calls for it.
 ///
 /// # Safety
 /// - as [`free_small`], and `cache` owns `slab` and is owned by the calling thread.
@@ -783,7 +824,7 @@ unsafe fn owner_free(cache: *mut Cache, slab: *mut Slab, p: *mut u8) {
 }
 
 /// Returns the slots on a row's stack to their slabs' bitmaps (aborting on a double free among them),
-/// then re-files the slabs whose fill level changed.
+/// re-filing the slabs whose fill level changed.
 ///
 /// # Safety
 /// - owner: `row` belongs to `cache`, which the calling thread owns.
@@ -795,22 +836,8 @@ unsafe fn flush_stack(cache: *mut Cache, row: *mut ClassState) {
             let p = *(&raw const (*row).stack).cast::<*mut u8>().add((*row).top as usize);
             let slab = heap::slab_of(p);
             owner_free(cache, slab, p);
-            if needs_refile(slab) {
-                refile(slab);
-            }
         }
     }
-}
-
-/// Re-files a slab of the calling thread's cache after slots were returned to it.
-///
-/// # Safety
-/// - `slab` is owned by the calling thread's cache.
-#[cold]
-#[inline(never)]
-unsafe fn free_slow(slab: *mut Slab) {
-    // SAFETY: forwarded contract.
-    unsafe { refile(slab) }
 }
 
 /// Moves a slab to the list its fill level calls for: a full slab with free slots to the partial list,

@@ -13,13 +13,14 @@ use crate::size_class::NCLASSES;
 use crate::slab::{self, Slab, QUEUED};
 use crate::stats::{self, COUNTERS};
 
-/// Frees slot `p` of `slab`, which another thread's cache owns.
+/// Frees slot `p` of `slab`, which another thread's cache owns. `extern "C"`: it cannot unwind, so that the free path calls it as its last act (see
+/// [`super::free_small`]).
 ///
 /// # Safety
 /// - `slab` is a live slab and `p` a live slot of it that the caller gives up.
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn free(p: *mut u8, slab: *mut Slab) {
+pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
     // SAFETY: the slab is live and `p` is ours to give up (contract); it is validated before its
     // bit is set. The owner cache is never freed, and its `remote` queue is atomic.
     unsafe {
