@@ -646,8 +646,7 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
         return unsafe { remote::free(p, slab) };
     }
     // SAFETY: owner (the slab is this thread's cache's); `p` lies in the slab's block (caller), and
-    // once validated is a slot of at least 16 bytes, 16-aligned, so its second word is in it;
-    // `t < STACK`.
+    // once validated is a slot of at least 16 bytes, 16-aligned, so its second word is in it.
     unsafe {
         let Some(idx) = Slab::slot_of(slab, p as usize) else { return slab::reject(p) };
         let (mark, m) = (p.add(slab::MARK_OFFSET).cast::<u64>(), slab::freed_mark());
@@ -655,15 +654,7 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
             return free_marked(cache, slab, idx, p);
         }
         *mark = m;
-        let row = row_of(cache, slab);
-        let t = (*row).top as usize;
-        bump(&(*row).frees);
-        if t < STACK {
-            *(&raw mut (*row).stack).cast::<*mut u8>().add(t) = p;
-            (*row).top = t as u32 + 1;
-            return;
-        }
-        release_slot(row, slab, idx, p)
+        owner_release(cache, slab, idx, p)
     }
 }
 
