@@ -13,6 +13,7 @@ conditional jump taken, up to its `ret`:
   jumps before it are the size check and, in a build with the `debug` feature, the hooks check);
 - free by the owner onto the stack: every conditional jump falls through.
 """
+import functools
 import os
 import re
 import subprocess
@@ -23,10 +24,14 @@ BIN = os.path.join(ROOT, "target", "release", "examples", "asm_probe")
 LIB = os.path.join(ROOT, "target", "release", "libedgepool.so")
 
 
+@functools.lru_cache(maxsize=None)
+def disassembly(binary):
+    return subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", binary], check=True,
+                          capture_output=True, text=True).stdout
+
+
 def function(name, binary=BIN):
-    out = subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", binary], check=True,
-                         capture_output=True, text=True).stdout
-    body = out.split(f"<{name}>:\n", 1)[1].split("\n\n", 1)[0]
+    body = disassembly(binary).split(f"<{name}>:\n", 1)[1].split("\n\n", 1)[0]
     ins = []
     for line in body.splitlines():
         m = re.match(r"\s+([0-9a-f]+):\s+(\S+)\s*(.*)", line)
@@ -58,9 +63,7 @@ def exported(name):
     and __libc_malloc's, so the one symbol that objdump shows there may bear the other name)."""
     out = subprocess.run(["nm", "-D", "--defined-only", LIB], check=True, capture_output=True, text=True).stdout
     addr = next(int(a, 16) for a, _, n in (line.split() for line in out.splitlines()) if n == name)
-    dis = subprocess.run(["objdump", "-d", "-M", "intel", "--no-show-raw-insn", LIB], check=True,
-                         capture_output=True, text=True).stdout
-    label = next(line for line in dis.splitlines() if line.startswith(f"{addr:016x} <"))
+    label = next(line for line in disassembly(LIB).splitlines() if line.startswith(f"{addr:016x} <"))
     return function(label.split("<", 1)[1].rstrip(">:"), LIB)
 
 

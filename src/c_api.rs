@@ -12,7 +12,7 @@ use crate::os;
 use crate::phase;
 use crate::stats;
 
-const MIN_ALIGN: usize = 16;
+const MIN_ALIGN: usize = global::MALLOC_ALIGN;
 const PTRDIFF_MAX: usize = isize::MAX as usize;
 
 #[inline]
@@ -24,7 +24,6 @@ fn fail(e: i32) -> *mut c_void {
 /// `malloc(n)`: `n == 0` gives a unique pointer; `n > PTRDIFF_MAX` gives NULL + `ENOMEM`.
 #[inline]
 pub fn malloc(n: usize) -> *mut c_void {
-    const _: () = assert!(MIN_ALIGN == 16, "global::alloc_c allocates at 16 bytes' alignment");
     global::alloc_c(n).cast()
 }
 

@@ -63,14 +63,17 @@ pub fn alloc(size: usize, align: usize) -> *mut u8 {
     alloc_raw(size, align)
 }
 
-/// `malloc`'s path: [`alloc`] at the C alignment (16 bytes), with errno set to `ENOMEM` on failure.
-/// Every way out of the fast path is a tail call of a function that cannot unwind, so that the
-/// library's `malloc`, an `extern "C"` function, keeps no stack frame (it kept one for the test of
-/// the slow path's result that errno needs, and for the landing pad that aborts an unwinding
-/// callee: two instructions on every allocation; see `cache::free_small`).
+/// The alignment `malloc` gives (glibc's: twice the size of a pointer).
+pub const MALLOC_ALIGN: usize = 16;
+
+/// `malloc`'s path: [`alloc`] at [`MALLOC_ALIGN`], with errno set to `ENOMEM` on failure. Every way
+/// out of the fast path is a tail call of a function that cannot unwind, so that the library's
+/// `malloc`, an `extern "C"` function, keeps no stack frame (it kept one for the test of the slow
+/// path's result that errno needs, and for the landing pad that aborts an unwinding callee: two
+/// instructions on every allocation; see `cache::free_small`).
 #[inline(always)]
 pub fn alloc_c(size: usize) -> *mut u8 {
-    if !hooked() && size.wrapping_sub(1) < SMALL_MAX {
+    if !hooked() && is_small(size, MALLOC_ALIGN) {
         if let Some(p) = cache::alloc_fast(class_of(size)) {
             return p.as_ptr();
         }
@@ -82,18 +85,24 @@ pub fn alloc_c(size: usize) -> *mut u8 {
 #[cold]
 #[inline(never)]
 extern "C" fn alloc_c_slow(size: usize) -> *mut u8 {
-    let p = alloc(size, 16);
+    let p = alloc(size, MALLOC_ALIGN);
     if p.is_null() {
         os::set_errno(libc::ENOMEM);
     }
     p
 }
 
+/// Whether a request goes to the slab caches: one unsigned compare sends 0 and everything beyond
+/// SMALL_MAX to the general path.
+#[inline(always)]
+fn is_small(size: usize, align: usize) -> bool {
+    size.wrapping_sub(1) < SMALL_MAX && align <= 16
+}
+
 /// [`alloc`] without the hooks.
 #[inline(always)]
 fn alloc_raw(size: usize, align: usize) -> *mut u8 {
-    // One unsigned compare sends 0 and everything beyond SMALL_MAX to the general path.
-    if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
+    if is_small(size, align) {
         small(class_of(size))
     } else {
         alloc_general(size, align, false)

@@ -9,7 +9,7 @@
 //!                                                               (or arena)
 //! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
 //!                                                 (or, when full, set the bit in word or bitmap)
-//!   ├─ free_slow(slab)                  full→partial, empty→spare/heap
+//!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
 //!   └─ remote::free(p, slab)    [cold]  set the slot's bit in the slab's remote bitmap (+ queue the
 //!                                       slab once)
 //! ```
@@ -752,6 +752,7 @@ extern "C" fn double_free(p: *mut u8) {
 ///
 /// # Safety
 /// - `slab` is owned by the calling thread's cache.
+#[cold]
 #[inline(never)]
 unsafe extern "C" fn free_slow(slab: *mut Slab) {
     // SAFETY: forwarded contract.

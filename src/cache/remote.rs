@@ -13,8 +13,8 @@ use crate::size_class::NCLASSES;
 use crate::slab::{self, Slab, QUEUED};
 use crate::stats::{self, COUNTERS};
 
-/// Frees slot `p` of `slab`, which another thread's cache owns. `extern "C"`: it cannot unwind, so that the free path calls it as its last act (see
-/// [`super::free_small`]).
+/// Frees slot `p` of `slab`, which another thread's cache owns. `extern "C"`: it cannot unwind, so
+/// that the free path calls it as its last act (see [`super::free_small`]).
 ///
 /// # Safety
 /// - `slab` is a live slab and `p` a live slot of it that the caller gives up.
