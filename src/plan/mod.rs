@@ -235,19 +235,22 @@ pub fn validate(tensors: &[Tensor], offsets: &[u64], arena_size: u64) -> Result<
 /// Places tensors in `order`, each at the best gap (`best_fit`) or the lowest feasible offset among the
 /// placed tensors whose lifetimes overlap it. Returns the arena size; fills `offsets`.
 fn decode(tensors: &[Tensor], order: &[usize], best_fit: bool, offsets: &mut [u64]) -> u64 {
-    // Placed tensors sorted by offset: (offset, end, index).
-    let mut placed: Vec<(u64, u64, usize)> = Vec::with_capacity(order.len());
+    // Placed tensors sorted by offset: (offset, end, first op, last op), so that the scan (most of
+    // the local search's time) reads one array.
+    let mut placed: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(order.len());
     let mut top = 0;
     for &i in order {
         let t = &tensors[i];
-        let a = t.align.max(1);
+        // A power of two (`check_input`): rounding up is a mask, not a division.
+        let mask = t.align.max(1) - 1;
+        let up = |x: u64| (x + mask) & !mask;
         let mut prev_end = 0u64;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
-        for &(o, e, j) in &placed {
-            if !t.overlaps(&tensors[j]) {
+        for &(o, e, first, last) in &placed {
+            if first > t.last || t.first > last {
                 continue;
             }
-            let cand = prev_end.div_ceil(a) * a;
+            let cand = up(prev_end);
             if o >= cand && o - cand >= t.size {
                 let gap = o - prev_end;
                 if !best_fit {
@@ -262,12 +265,12 @@ fn decode(tensors: &[Tensor], order: &[usize], best_fit: bool, offsets: &mut [u6
         }
         let off = match best {
             Some((_, o)) => o,
-            None => prev_end.div_ceil(a) * a,
+            None => up(prev_end),
         };
         offsets[i] = off;
         top = top.max(off + t.size);
-        let pos = placed.partition_point(|&(o, _, _)| o <= off);
-        placed.insert(pos, (off, off + t.size, i));
+        let pos = placed.partition_point(|&(o, ..)| o <= off);
+        placed.insert(pos, (off, off + t.size, t.first, t.last));
     }
     top
 }
