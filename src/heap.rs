@@ -443,10 +443,13 @@ impl Inner {
         self.os_bytes().saturating_sub(self.in_flight)
     }
 
-    /// Bytes in allocated blocks and direct mappings.
+    /// Bytes in allocated blocks and direct mappings. Blocks out for purging are free: the buddy
+    /// counts them as taken until they are put back, and they are left out here (else a purge
+    /// raised the most bytes in use, `peak_in_use` and `run_in_use_high`, by the bytes it returns).
     fn in_use(&self) -> usize {
         let committed = self.buddy.committed_pages() as usize * PAGE;
-        committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed)
+        (committed - self.buddy.free_bytes + COUNTERS.direct_bytes.load(Ordering::Relaxed))
+            .saturating_sub(self.in_flight)
     }
 
     /// Whether the block just allocated at `idx`, over the budget as counted, fits it as a block that
