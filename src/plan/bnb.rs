@@ -276,7 +276,7 @@ impl SumsCache {
         Some(SumsCache { nsec, cap: cap_units as usize, sums: vec![None; nsec * nsec] })
     }
 
-    /// The entry of `(s, t)`, computed on first use from `size_units` of the members of `t`.
+    /// The entry of `(s, t)`, computed on first use from the sizes (in `unit`s) of the members of `t`.
     fn get(&mut self, p: &Problem, unit: u64, s: usize, t: usize) -> &(Bits, usize, usize) {
         let slot = &mut self.sums[s * self.nsec + t];
         slot.get_or_insert_with(|| {
