@@ -175,6 +175,22 @@ impl Bits {
         self.0.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
     }
 
+    /// Sets bit `i` (which must be below the length).
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+
+    /// Clears bit `i` (which must be below the length).
+    fn unset(&mut self, i: usize) {
+        self.0[i / 64] &= !(1 << (i % 64));
+    }
+
+    fn or(&mut self, o: &Bits) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= *b;
+        }
+    }
+
     /// The lowest set bit at or above `from`.
     fn next(&self, from: usize) -> Option<usize> {
         let mut w = from / 64;
@@ -718,7 +734,7 @@ struct Sweep<'p> {
     gap_by: Vec<(u32, u32)>,
     why: Vec<u32>,
     /// After a dead end: the placements it depends on (indices in `ends`), for `fill`.
-    conf: Vec<u64>,
+    conf: Bits,
 }
 
 /// Units of the capacity beyond which the sweep does not look ahead (as for `Domains`: a node's
@@ -759,7 +775,7 @@ impl<'p> Sweep<'p> {
             pos: vec![0; p.len()],
             gap_by: Vec::new(),
             why: Vec::new(),
-            conf: vec![0; p.len().div_ceil(64) + 1],
+            conf: Bits(vec![0; p.len().div_ceil(64) + 1]),
         }
     }
 
@@ -996,7 +1012,7 @@ impl<'p> Sweep<'p> {
         let h = match self.choose_hole(s, holes, todo, spare) {
             Ok(h) => h,
             Err(h) => {
-                self.conf.fill(0);
+                self.conf.0.fill(0);
                 self.add_bounds(s, holes[h].0, holes[h].1);
                 return End::Exhausted;
             }
@@ -1008,7 +1024,7 @@ impl<'p> Sweep<'p> {
         let mut end = End::Exhausted;
         // The placements this node's dead end depends on: the hole's bounds, and what each
         // candidate's refusal or subtree depended on (but this node's own placement).
-        self.conf.fill(0);
+        self.conf.0.fill(0);
         self.add_bounds(s, a, b);
         let mut node_conf = self.conf.clone();
         let me = self.ends.len();
@@ -1051,22 +1067,17 @@ impl<'p> Sweep<'p> {
                 break;
             }
             if refused {
-                for &w in &self.why {
-                    if (w as usize) < me {
-                        node_conf[w as usize / 64] |= 1 << (w % 64);
-                    }
+                for &w in self.why.iter().filter(|&&w| (w as usize) < me) {
+                    node_conf.set(w as usize);
                 }
             } else {
-                let mine = self.conf[me / 64] >> (me % 64) & 1 == 1;
-                if !mine {
+                if !self.conf.get(me) {
                     // The dead end below does not depend on this placement: back further.
                     self.depth -= 1;
                     return End::Exhausted;
                 }
-                for (n, &c) in node_conf.iter_mut().zip(&self.conf) {
-                    *n |= c;
-                }
-                node_conf[me / 64] &= !(1 << (me % 64));
+                node_conf.or(&self.conf);
+                node_conf.unset(me);
             }
         }
         if end == End::Exhausted && b - a <= spare {
@@ -1075,9 +1086,7 @@ impl<'p> Sweep<'p> {
             end = self.fill(s, holes, todo, spare - (b - a));
             holes.insert(h, (a, b));
             if end == End::Exhausted {
-                for (n, &c) in node_conf.iter_mut().zip(&self.conf) {
-                    *n |= c;
-                }
+                node_conf.or(&self.conf);
             }
         }
         self.conf = node_conf;
@@ -1092,17 +1101,16 @@ impl<'p> Sweep<'p> {
             let c = c as usize;
             let o = self.offset[c];
             if o != NONE && (o + p.size[c] == a || o == b) {
-                let w = self.pos[c] as usize;
-                self.conf[w / 64] |= 1 << (w % 64);
+                self.conf.set(self.pos[c] as usize);
             }
         }
     }
 
     /// Every placement so far (a dead end with no finer reason).
     fn conf_all(&mut self) {
-        self.conf.fill(0);
+        self.conf.0.fill(0);
         for w in 0..self.ends.len() {
-            self.conf[w / 64] |= 1 << (w % 64);
+            self.conf.set(w);
         }
     }
 }
