@@ -383,7 +383,11 @@ enum End {
 ///
 /// Invariants: `offset[b] == NONE` exactly for the unplaced tensors; `floor[s]` is the highest end
 /// placed in section `s`, or more where the search decided that the space below stays empty;
-/// `left[s]` is the bytes of `s`'s unplaced tensors; `height` is the highest end placed.
+/// `left[s]` is the bytes of `s`'s unplaced tensors; `height` is the highest end placed. Every
+/// section whose floor, or whose tensors' placed state, changed since `feasible` last ran is in
+/// `dirty` (or `all_dirty` is set); of the others, `rest_of` (unplaced tensors), `low` and `fails`
+/// are what `feasible` would compute now, and `failing` counts the sections with `fails` set.
+#[derive(Clone)]
 struct Search<'p> {
     p: &'p Problem,
     rank: &'p [u32],
@@ -405,6 +409,19 @@ struct Search<'p> {
     /// each unplaced tensor's lowest offset (`rest`).
     low: Vec<u64>,
     rest_of: Vec<u64>,
+    /// Sections changed since `feasible` last ran (by `raise` and `undo`), and whether every
+    /// section is to be computed again (at the start, and when `cap` changes).
+    dirty: Vec<u32>,
+    all_dirty: bool,
+    /// Per section: its unplaced bytes do not fit above its floor and its lowest offset; how many do not.
+    fails: Vec<bool>,
+    failing: usize,
+    /// Scratch of `feasible`: the tensors and sections it computes again, each marked with `epoch`.
+    epoch: u32,
+    seen_tensor: Vec<u32>,
+    seen_section: Vec<u32>,
+    redo_tensors: Vec<u32>,
+    redo_sections: Vec<u32>,
     nodes_left: u64,
     /// Frames of `node` on the stack (bounded by `MAX_DEPTH`).
     depth: u32,
@@ -431,6 +448,15 @@ impl<'p> Search<'p> {
             floor_log: Vec::new(),
             low: vec![NONE; p.members.len()],
             rest_of: vec![0; n],
+            dirty: Vec::new(),
+            all_dirty: true,
+            fails: vec![false; p.members.len()],
+            failing: 0,
+            epoch: 0,
+            seen_tensor: vec![0; n],
+            seen_section: vec![0; p.members.len()],
+            redo_tensors: Vec::new(),
+            redo_sections: Vec::new(),
             nodes_left: nodes,
             depth: 0,
             deadline,
@@ -458,29 +484,98 @@ impl<'p> Search<'p> {
 
     /// Whether every section can still hold its unplaced bytes: above its floor, and above the lowest
     /// offset any of its unplaced tensors can take.
-    /// Computes `rest_of` for the unplaced tensors on the way.
+    /// Brings `rest_of` up to date for the unplaced tensors on the way. Incremental: a tensor's lowest
+    /// offset depends only on the floors under its lifetime, so only the tensors covering a section
+    /// changed since the last call are computed again, and only the sections they cover are checked
+    /// again (the others' floors, unplaced bytes and lowest offsets are as they were).
     fn feasible(&mut self) -> bool {
         let p = self.p;
-        self.low.fill(NONE);
-        for c in 0..p.len() {
-            if self.offset[c] != NONE {
-                continue;
+        if self.all_dirty {
+            self.all_dirty = false;
+            self.dirty.clear();
+            self.low.fill(NONE);
+            for c in 0..p.len() {
+                if self.offset[c] != NONE {
+                    continue;
+                }
+                let r = self.lowest(c);
+                self.rest_of[c] = r;
+                for s in p.lo[c]..p.hi[c] {
+                    let l = &mut self.low[s as usize];
+                    *l = (*l).min(r);
+                }
             }
-            let mut r = self.rest(c);
-            if let Some(d) = self.dom {
-                r = d.next(c, r);
+            self.failing = 0;
+            for s in 0..self.floor.len() {
+                let (f, l, m) = (self.floor[s], self.left[s], self.low[s]);
+                self.fails[s] = l != 0 && f.max(m).saturating_add(l) > self.cap;
+                self.failing += self.fails[s] as usize;
             }
-            self.rest_of[c] = r;
-            for s in p.lo[c]..p.hi[c] {
-                let l = &mut self.low[s as usize];
-                *l = (*l).min(r);
+            return self.failing == 0;
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.seen_tensor.fill(0);
+            self.seen_section.fill(0);
+            self.epoch = 1;
+        }
+        let epoch = self.epoch;
+        self.redo_tensors.clear();
+        self.redo_sections.clear();
+        for k in 0..self.dirty.len() {
+            let s = self.dirty[k] as usize;
+            if self.seen_section[s] != epoch {
+                self.seen_section[s] = epoch;
+                self.redo_sections.push(s as u32);
+            }
+            for &c in &p.members[s] {
+                if self.offset[c as usize] == NONE && self.seen_tensor[c as usize] != epoch {
+                    self.seen_tensor[c as usize] = epoch;
+                    self.redo_tensors.push(c);
+                }
             }
         }
-        self.floor
-            .iter()
-            .zip(&self.left)
-            .zip(&self.low)
-            .all(|((&f, &l), &m)| l == 0 || f.max(m).saturating_add(l) <= self.cap)
+        self.dirty.clear();
+        for k in 0..self.redo_tensors.len() {
+            let c = self.redo_tensors[k] as usize;
+            self.rest_of[c] = self.lowest(c);
+            for s in p.lo[c]..p.hi[c] {
+                if self.seen_section[s as usize] != epoch {
+                    self.seen_section[s as usize] = epoch;
+                    self.redo_sections.push(s);
+                }
+            }
+        }
+        for k in 0..self.redo_sections.len() {
+            let s = self.redo_sections[k] as usize;
+            let m = p.members[s]
+                .iter()
+                .filter(|&&c| self.offset[c as usize] == NONE)
+                .map(|&c| self.rest_of[c as usize])
+                .min()
+                .unwrap_or(NONE);
+            self.low[s] = m;
+            let (f, l) = (self.floor[s], self.left[s]);
+            let fails = l != 0 && f.max(m).saturating_add(l) > self.cap;
+            if fails != self.fails[s] {
+                self.fails[s] = fails;
+                if fails {
+                    self.failing += 1;
+                } else {
+                    self.failing -= 1;
+                }
+            }
+        }
+        self.failing == 0
+    }
+
+    /// `c`'s lowest offset: [`Search::rest`], sharpened by the domains if any.
+    fn lowest(&self, c: usize) -> u64 {
+        let r = self.rest(c);
+        match self.dom {
+            Some(d) => d.next(c, r),
+            None => r,
+        }
     }
 
     /// Sets the floor of sections `lo..hi` to `to`, logging the old values.
@@ -488,6 +583,7 @@ impl<'p> Search<'p> {
         for s in lo..hi {
             self.floor_log.push((s, self.floor[s as usize]));
             self.floor[s as usize] = self.floor[s as usize].max(to);
+            self.dirty.push(s);
         }
     }
 
@@ -495,6 +591,7 @@ impl<'p> Search<'p> {
         while self.floor_log.len() > mark {
             let (s, f) = self.floor_log.pop().expect("above the mark");
             self.floor[s as usize] = f;
+            self.dirty.push(s);
         }
     }
 
@@ -676,6 +773,7 @@ impl<'p> Search<'p> {
         }
         // Only strictly better plans are wanted from here on.
         self.cap = size - 1;
+        self.all_dirty = true;
         End::Exhausted
     }
 }
@@ -1468,6 +1566,97 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn incremental_feasibility_matches_a_full_pass() {
+        // Random walks down and back up the point search's branches (placements at the lowest
+        // point, spaces left empty, undos), with and without domains, at the bound and above it:
+        // after every step the incremental check answers as a full pass over every tensor and
+        // section does, with the same lowest offsets.
+        let mut steps = 0;
+        let mut refused = 0;
+        for seed in 0..6 {
+            let spec = HardSpec::new(80, seed);
+            for (kind, ts) in [("tiling", tiling_with_plan(spec).0), ("guillotine", guillotine_with_plan(spec).0)] {
+                let p = Problem::new(&ts).unwrap();
+                let rank: Vec<u32> = (0..p.len() as u32).collect();
+                for cap in [spec.bound, spec.bound + spec.bound / 20] {
+                    let dom = Domains::new(&p, cap);
+                    for with_dom in [false, true] {
+                        let far = Instant::now() + std::time::Duration::from_secs(60);
+                        let mut s = Search::new(&p, &rank, cap, true, u64::MAX, far);
+                        if with_dom {
+                            s.dom = dom.as_ref();
+                        }
+                        let mut rng = Rng(seed * 31 + 7);
+                        // Undo log of the walk: (floor-log mark, tensor placed or none).
+                        let mut walk: Vec<(usize, Option<usize>)> = Vec::new();
+                        let mut ok = s.feasible();
+                        for _ in 0..300 {
+                            let back = !walk.is_empty() && (!ok || s.placed == p.len() || rng.below(4) == 0);
+                            let mut moved = false;
+                            if !back && s.placed < p.len() {
+                                let m = s
+                                    .floor
+                                    .iter()
+                                    .zip(&s.left)
+                                    .filter(|&(_, &l)| l > 0)
+                                    .map(|(&f, _)| f)
+                                    .min()
+                                    .unwrap();
+                                let star = s.choose(m);
+                                let cands: Vec<usize> = p.members[star]
+                                    .iter()
+                                    .map(|&c| c as usize)
+                                    .filter(|&c| s.offset[c] == NONE && s.rest_of[c] == m && m + p.size[c] <= cap)
+                                    .collect();
+                                let waste = s.waste_to(star, m);
+                                let mark = s.floor_log.len();
+                                let pick = rng.below(cands.len() + 1);
+                                if pick < cands.len() {
+                                    let c = cands[pick];
+                                    s.raise(p.lo[c], p.hi[c], m + p.size[c]);
+                                    for sec in p.lo[c]..p.hi[c] {
+                                        s.left[sec as usize] -= p.size[c];
+                                    }
+                                    s.offset[c] = m;
+                                    s.placed += 1;
+                                    walk.push((mark, Some(c)));
+                                    moved = true;
+                                } else if let Some(w) = waste {
+                                    s.raise(star as u32, star as u32 + 1, w);
+                                    walk.push((mark, None));
+                                    moved = true;
+                                }
+                            }
+                            if !moved {
+                                let Some((mark, c)) = walk.pop() else { break };
+                                if let Some(c) = c {
+                                    s.offset[c] = NONE;
+                                    s.placed -= 1;
+                                    for sec in p.lo[c]..p.hi[c] {
+                                        s.left[sec as usize] += p.size[c];
+                                    }
+                                }
+                                s.undo(mark);
+                            }
+                            ok = s.feasible();
+                            let mut full = s.clone();
+                            full.all_dirty = true;
+                            assert_eq!(ok, full.feasible(), "{kind} {seed} cap {cap} dom {with_dom}");
+                            for c in (0..p.len()).filter(|&c| s.offset[c] == NONE) {
+                                assert_eq!(s.rest_of[c], full.rest_of[c], "{kind} {seed}: tensor {c}");
+                            }
+                            assert_eq!(s.low, full.low, "{kind} {seed}");
+                            steps += 1;
+                            refused += !ok as usize;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(steps > 5_000 && refused > 100, "{steps} steps, {refused} refused: the walks must see both");
     }
 
     #[test]
