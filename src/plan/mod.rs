@@ -555,12 +555,13 @@ fn local_search(
 
 /// Ops on each side of a window's highest op that a repair may take in (at random, up to this many).
 const WINDOW_REACH: usize = 3;
-/// Tensors beyond which a window is narrowed to its highest op, and beyond which it is not repaired.
+/// Tensors a repair lays out at most: beyond, only the window's upper part.
 const WINDOW_TENSORS: usize = 60;
 
 /// Repairs of windows: a window of ops around one of the highest ops of the best plan is laid out
 /// again, every tensor that lives outside it keeping its offset. The tensors that live in the window
-/// go into the plan's holes by the lowest-offset decoder, in an order searched by swap and move steps
+/// (at most 60: those with the highest ends, where more live there) go into the plan's holes by the
+/// lowest-offset decoder, in an order searched by swap and move steps
 /// (`50 + 10 ×` their number) from the order of their offsets. A window's layout is compared by the
 /// plan's size, then the highest end over the window's ops, then the bytes that stick out above the
 /// lower bound, and kept if no worse: a plan whose size is reached over many ops goes down one window
@@ -586,6 +587,7 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
     let mut fixed_sky = vec![0u64; ops];
     let mut fixed: Vec<Placed> = Vec::with_capacity(n);
     let mut placed: Vec<Placed> = Vec::with_capacity(n);
+    let mut is_free = vec![false; n];
     // Tensors placed by window decodes not yet charged to `steps` (one step per `n`).
     let mut owed = 0;
     let mut charge = |steps: &mut u64, m: usize| {
@@ -605,18 +607,19 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         let height = sky.iter().copied().max().unwrap_or(0);
         let highest: Vec<usize> = (0..ops).filter(|&k| sky[k] == height).collect();
         let k = highest[rng.below(highest.len())];
-        let mut w0 = k.saturating_sub(rng.below(WINDOW_REACH + 1));
-        let mut w1 = (k + rng.below(WINDOW_REACH + 1)).min(ops - 1);
-        let lives_in =
-            |i: usize, w0: usize, w1: usize| tensors[i].first as usize <= w1 && w0 <= tensors[i].last as usize;
-        let mut free: Vec<usize> = (0..n).filter(|&i| lives_in(i, w0, w1)).collect();
+        let w0 = k.saturating_sub(rng.below(WINDOW_REACH + 1));
+        let w1 = (k + rng.below(WINDOW_REACH + 1)).min(ops - 1);
+        let mut free: Vec<usize> =
+            (0..n).filter(|&i| tensors[i].first as usize <= w1 && w0 <= tensors[i].last as usize).collect();
         if free.len() > WINDOW_TENSORS {
-            (w0, w1) = (k, k);
-            free = (0..n).filter(|&i| lives_in(i, w0, w1)).collect();
-            if free.len() > WINDOW_TENSORS {
-                // Too many tensors at the highest op for a window: the local search's rounds go on.
-                return;
-            }
+            // Only the window's upper part: the tensors with the highest ends (those at the plan's
+            // size among them); the others stay.
+            free.sort_unstable_by_key(|&i| (std::cmp::Reverse(cur[i] + tensors[i].size), i));
+            free.truncate(WINDOW_TENSORS);
+        }
+        is_free.fill(false);
+        for &i in &free {
+            is_free[i] = true;
         }
         // The fixed tensors: their highest end (the plan is never lower), the highest end over the
         // window's ops, and those that share an op with a free one (the others take no part).
@@ -625,7 +628,7 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         fixed.clear();
         let mut fixed_top = 0;
         fixed_sky[w0..=w1].fill(0);
-        for i in (0..n).filter(|&i| !lives_in(i, w0, w1)) {
+        for i in (0..n).filter(|&i| !is_free[i]) {
             let t = &tensors[i];
             let end = cur[i] + t.size;
             fixed_top = fixed_top.max(end);
