@@ -480,17 +480,18 @@ fn branch_and_bound(tensors: &[Tensor], bound: u64, until: Instant, budget: Budg
     }
 }
 
-/// Where the local search starts: an order for the lowest-offset decoder, and its plan's size.
+/// Where the local search starts: an order for the lowest-offset decoder, and its plan's size
+/// (`u64::MAX` where not decoded yet; the local search decodes the order itself).
 struct LocalSearch {
     order: Vec<usize>,
     size: u64,
 }
 
 /// An iterated local search over the order of the lowest-offset decoder (swap and move steps) until
-/// `until`, `steps` steps (it counts them down), or a plan at the bound. It compares plans by size, then by the
-/// bytes that stick out above the lower bound (summed over tensors), which guides it across plans of
-/// equal size towards ones that fit; half of its moves take a tensor that sticks out and move it
-/// earlier in the order.
+/// `until`, `steps` steps (it counts them down), or a plan at the bound. It compares plans by size,
+/// then by the bytes that stick out above the lower bound (summed over tensors), which guides it
+/// across plans of equal size towards ones that fit; half of its moves take a tensor that sticks out
+/// and move it earlier in the order.
 fn local_search(
     tensors: &[Tensor],
     bound: u64,
@@ -501,7 +502,9 @@ fn local_search(
     done: &mut Searched,
 ) {
     let n = tensors.len();
-    if done.proven_optimal || n < 2 {
+    // Not even the first decode once the time or the steps are spent (one decode of 10 000 tensors
+    // takes about 50 ms, and the rounds of `search` start several local searches).
+    if done.proven_optimal || n < 2 || *steps == 0 || Instant::now() >= until {
         return;
     }
     let overflow = |offsets: &[u64]| -> u64 {
@@ -509,8 +512,7 @@ fn local_search(
     };
     let mut offsets = vec![0u64; n];
     let mut cur = from.order;
-    let mut cur_size = if from.size == u64::MAX { decode(tensors, &cur, false, &mut offsets) } else { from.size };
-    decode(tensors, &cur, false, &mut offsets);
+    let mut cur_size = decode(tensors, &cur, false, &mut offsets);
     let mut cur_over = overflow(&offsets);
     let mut cur_offsets = offsets.clone();
     let mut rng = Rng(seed | 1);
