@@ -491,27 +491,12 @@ impl<'p> Search<'p> {
     fn feasible(&mut self) -> bool {
         let p = self.p;
         if self.all_dirty {
+            // Every section changed: the same pass over all of them.
             self.all_dirty = false;
             self.dirty.clear();
-            self.low.fill(NONE);
-            for c in 0..p.len() {
-                if self.offset[c] != NONE {
-                    continue;
-                }
-                let r = self.lowest(c);
-                self.rest_of[c] = r;
-                for s in p.lo[c]..p.hi[c] {
-                    let l = &mut self.low[s as usize];
-                    *l = (*l).min(r);
-                }
-            }
+            self.dirty.extend(0..self.floor.len() as u32);
+            self.fails.fill(false);
             self.failing = 0;
-            for s in 0..self.floor.len() {
-                let (f, l, m) = (self.floor[s], self.left[s], self.low[s]);
-                self.fails[s] = l != 0 && f.max(m).saturating_add(l) > self.cap;
-                self.failing += self.fails[s] as usize;
-            }
-            return self.failing == 0;
         }
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
@@ -922,14 +907,9 @@ impl<'p> Sweep<'p> {
                     self.held.push((self.offset[c] / unit, (self.offset[c] + p.size[c]) / unit, self.pos[c]));
                 }
             }
-            let (later, later_max) = match self.cache.as_mut() {
-                Some(cache) => {
-                    let e = cache.get(p, unit, from, s);
-                    (e.1, e.2)
-                }
-                None => (0, 0),
-            };
-            if (self.sizes.is_empty() && later == 0) || self.held.is_empty() {
+            let later = self.cache.as_mut().map(|cache| cache.get(p, unit, from, s));
+            let (count, later_max) = later.map_or((0, 0), |e| (e.1, e.2));
+            if (self.sizes.is_empty() && count == 0) || self.held.is_empty() {
                 continue;
             }
             self.held.sort_unstable();
@@ -957,9 +937,8 @@ impl<'p> Sweep<'p> {
                 self.why.extend(self.held.iter().map(|h| h.2));
                 return false;
             }
-            match self.cache.as_mut() {
-                Some(cache) => {
-                    let base = &cache.get(p, unit, from, s).0;
+            match later {
+                Some((base, ..)) => {
                     let words = (widest + 1).div_ceil(64);
                     self.sums.0.clear();
                     self.sums.0.extend_from_slice(&base.0[..words]);

@@ -418,8 +418,7 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
         // place free, as everything decoded before it lies no higher than it did).
         branch_and_bound(tensors, bound, spent(5), budget, &mut done);
         let mut seeded = if done.size < seeded.size {
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by_key(|&i| (done.offsets[i], i));
+            let order = by_offset(&done.offsets);
             let size = decode(tensors, &order, false, &mut offsets);
             if size < done.size {
                 done.size = size;
@@ -452,9 +451,7 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
             if done.proven_optimal || done.size <= bound || steps == 0 || Instant::now() >= deadline {
                 break;
             }
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by_key(|&i| (done.offsets[i], i));
-            seeded = LocalSearch { order, size: u64::MAX };
+            seeded = LocalSearch { order: by_offset(&done.offsets), size: u64::MAX };
         }
     }
     if done.size <= done.best_bound {
@@ -464,6 +461,14 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
         done.best_bound = done.size;
     }
     done
+}
+
+/// Tensors in the order of their offsets in a plan: decoded in that order, each finds its old place
+/// free or a lower one.
+fn by_offset(offsets: &[u64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..offsets.len()).collect();
+    order.sort_by_key(|&i| (offsets[i], i));
+    order
 }
 
 fn branch_and_bound(tensors: &[Tensor], bound: u64, until: Instant, budget: Budget, done: &mut Searched) {
