@@ -68,7 +68,8 @@ const STACK_BYTES: usize = 256 << 20;
 
 /// The instance, compressed to sections.
 ///
-/// Invariants: `lo[b] < hi[b] <= nsec`; `members[s]` lists the tensors whose range contains `s`; every size is > 0
+/// Invariants: `lo[b] < hi[b] <= nsec`; `members[s]` lists the tensors whose range contains `s`, `starts[s]`
+/// those whose range starts there; every size is > 0
 /// (zero-sized tensors go at offset 0 and are left out).
 struct Problem {
     /// Index of each problem tensor in the caller's slice.
@@ -78,6 +79,8 @@ struct Problem {
     lo: Vec<u32>,
     hi: Vec<u32>,
     members: Vec<Vec<u32>>,
+    /// The tensors whose range starts at each section.
+    starts: Vec<Vec<u32>>,
     /// Bytes live in each section.
     section_total: Vec<u64>,
 }
@@ -113,7 +116,12 @@ impl Problem {
                 section_total[s as usize] += tensors[index[b]].size;
             }
         }
+        let mut starts = vec![Vec::new(); nsec];
+        for b in 0..n {
+            starts[lo[b] as usize].push(b as u32);
+        }
         Some(Problem {
+            starts,
             size: index.iter().map(|&i| tensors[i].size).collect(),
             align: index.iter().map(|&i| tensors[i].align.max(1)).collect(),
             index,
@@ -546,14 +554,29 @@ impl<'p> Search<'p> {
                 self.seen_section[s] = epoch;
                 self.redo_sections.push(s as u32);
             }
-            for &c in &p.members[s] {
+        }
+        self.dirty.clear();
+        // The unplaced tensors covering them: for each run `a..b` of changed sections, those
+        // covering `a` and those starting inside the run (not each section's members: tensors that
+        // live long are members of every section of a run, and that walk was most of the time).
+        self.redo_sections.sort_unstable();
+        let mut k = 0;
+        while k < self.redo_sections.len() {
+            let a = self.redo_sections[k];
+            let mut b = a + 1;
+            k += 1;
+            while k < self.redo_sections.len() && self.redo_sections[k] == b {
+                b += 1;
+                k += 1;
+            }
+            let starting = (a + 1..b).flat_map(|s| p.starts[s as usize].iter());
+            for &c in p.members[a as usize].iter().chain(starting) {
                 if self.offset[c as usize] == NONE && self.seen_tensor[c as usize] != epoch {
                     self.seen_tensor[c as usize] = epoch;
                     self.redo_tensors.push(c);
                 }
             }
         }
-        self.dirty.clear();
         // The sections the recomputed tensors cover: the union of their lifetimes, walked once
         // (tensors that live long share most of their sections).
         self.spans.clear();
@@ -1818,6 +1841,12 @@ mod tests {
         }
     }
 
+    fn on_big_stack(f: impl FnOnce() + Send) {
+        std::thread::scope(|scope| {
+            std::thread::Builder::new().stack_size(STACK_BYTES).spawn_scoped(scope, f).unwrap().join().unwrap()
+        })
+    }
+
     /// A plan's offsets (per problem tensor) are within `cap` and no two tensors live at once overlap.
     fn valid(p: &Problem, offs: &[u64], cap: u64) -> bool {
         (0..p.len()).all(|a| {
@@ -1846,88 +1875,129 @@ mod tests {
 
     #[test]
     fn canonical_search_agrees_with_the_point_search() {
-        // Both searches are complete: at every capacity they find a plan, or both prove there is
-        // none; with the domains of that capacity or without.
-        let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
-        let far = Instant::now() + std::time::Duration::from_secs(600);
-        let (mut found, mut refused) = (0, 0);
-        for _ in 0..300 {
-            let n = 4 + rng.below(8);
-            let ts = random_small(&mut rng, n);
-            let p = Problem::new(&ts).unwrap();
-            let bound = p.section_total.iter().copied().max().unwrap();
-            let rank: Vec<u32> = (0..p.len() as u32).collect();
-            for cap in bound..bound + 4 {
-                let dom = Domains::new(&p, cap);
-                for with_dom in [false, true] {
-                    let mut ends = Vec::new();
-                    for canon in [false, true] {
-                        let mut s = Search::new(&p, &rank, cap, true, u64::MAX, far);
-                        s.canon = canon;
-                        if with_dom {
-                            s.dom = dom.as_ref();
+        // The searches recurse once per node: on a stack as large as `improve`'s (debug builds
+        // take more per frame).
+        on_big_stack(|| {
+            // Both searches are complete: at every capacity they find a plan, or both prove there is
+            // none; with the domains of that capacity or without.
+            let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+            let far = Instant::now() + std::time::Duration::from_secs(600);
+            let (mut found, mut refused, mut brute_checked) = (0, 0, 0);
+            for _ in 0..300 {
+                let n = 4 + rng.below(8);
+                let ts = random_small(&mut rng, n);
+                let p = Problem::new(&ts).unwrap();
+                let bound = p.section_total.iter().copied().max().unwrap();
+                let rank: Vec<u32> = (0..p.len() as u32).collect();
+                for cap in bound..bound + 4 {
+                    let dom = Domains::new(&p, cap);
+                    for with_dom in [false, true] {
+                        let mut ends = Vec::new();
+                        for canon in [false, true] {
+                            let mut s = Search::new(&p, &rank, cap, true, u64::MAX, far);
+                            s.canon = canon;
+                            if with_dom {
+                                s.dom = dom.as_ref();
+                            }
+                            let end = s.run();
+                            if end == End::Found {
+                                let (offs, size) = s.best.clone().unwrap();
+                                assert!(size <= cap && valid(&p, &offs, cap), "canon {canon}: an invalid plan");
+                            }
+                            ends.push(end);
                         }
-                        let end = s.run();
-                        if end == End::Found {
-                            let (offs, size) = s.best.clone().unwrap();
-                            assert!(size <= cap && valid(&p, &offs, cap), "canon {canon}: an invalid plan");
+                        assert_eq!(ends[0], ends[1], "cap {cap} (bound {bound}), domains {with_dom}: {ts:?}");
+                        if p.len() <= 7 {
+                            // Small enough to try every aligned offset of every tensor: the pruning
+                            // both share must not refuse a capacity that holds a plan.
+                            assert_eq!(ends[0] == End::Found, brute(&p, cap), "cap {cap}: {ts:?}");
+                            brute_checked += 1;
                         }
-                        ends.push(end);
+                        found += (ends[0] == End::Found) as usize;
+                        refused += (ends[0] == End::Exhausted) as usize;
                     }
-                    assert_eq!(ends[0], ends[1], "cap {cap} (bound {bound}), domains {with_dom}: {ts:?}");
-                    found += (ends[0] == End::Found) as usize;
-                    refused += (ends[0] == End::Exhausted) as usize;
                 }
             }
+            assert!(found > 300 && refused > 100, "{found} found, {refused} refused: both answers must be seen");
+            assert!(brute_checked > 200, "{brute_checked} checked by trying every offset");
+        });
+    }
+
+    /// Whether some plan within `cap` exists: every aligned offset of every tensor, in turn.
+    fn brute(p: &Problem, cap: u64) -> bool {
+        fn place(p: &Problem, cap: u64, offs: &mut Vec<u64>) -> bool {
+            let a = offs.len();
+            if a == p.len() {
+                return true;
+            }
+            let mut o = 0;
+            while o + p.size[a] <= cap {
+                let clear = (0..a).all(|b| {
+                    p.hi[a] <= p.lo[b] || p.hi[b] <= p.lo[a] || o + p.size[a] <= offs[b] || offs[b] + p.size[b] <= o
+                });
+                if clear {
+                    offs.push(o);
+                    if place(p, cap, offs) {
+                        return true;
+                    }
+                    offs.pop();
+                }
+                o += p.align[a];
+            }
+            false
         }
-        assert!(found > 300 && refused > 100, "{found} found, {refused} refused: both answers must be seen");
+        place(p, cap, &mut Vec::new())
     }
 
     #[test]
     fn canonical_search_needs_no_chains_of_empty_space() {
-        // Long-lived small tensors under short-lived large ones, with room to spare (as in
-        // MiniMalloc's benchmark instances): the point search climbs the room a step at a time,
-        // one node per step (each step as high as the smallest neighbour), the canonical search
-        // places a tensor at every node.
-        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-        let mut ts = Vec::new();
-        for i in 0..60 {
-            let first = rng.below(150) as u32;
-            ts.push(Tensor::new(
-                format!("long{i}"),
-                1024 * (1 + rng.below(4) as u64),
-                first,
-                first + 50 + rng.below(100) as u32,
-            ));
-        }
-        for i in 0..140 {
-            let first = rng.below(290) as u32;
-            ts.push(Tensor::new(
-                format!("short{i}"),
-                1024 * (8 + rng.below(56) as u64),
-                first,
-                first + 1 + rng.below(8) as u32,
-            ));
-        }
-        let p = Problem::new(&ts).unwrap();
-        let bound = p.section_total.iter().copied().max().unwrap();
-        let cap = bound + bound / 5;
-        let far = Instant::now() + std::time::Duration::from_secs(600);
-        let mut used = Vec::new();
-        for canon in [false, true] {
-            let mut worst = 0;
-            for rank in p.preorders() {
-                let mut s = Search::new(&p, &rank, cap, true, 200_000, far);
-                s.canon = canon;
-                assert_eq!(s.run(), End::Found, "canon {canon}");
-                let (offs, _) = s.best.clone().unwrap();
-                assert!(valid(&p, &offs, cap));
-                worst = worst.max(200_000 - s.nodes_left);
+        // The searches recurse once per node: on a stack as large as `improve`'s (debug builds
+        // take more per frame).
+        on_big_stack(|| {
+            // Long-lived small tensors under short-lived large ones, with room to spare (as in
+            // MiniMalloc's benchmark instances): the point search climbs the room a step at a time,
+            // one node per step (each step as high as the smallest neighbour), the canonical search
+            // places a tensor at every node.
+            let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+            let mut ts = Vec::new();
+            for i in 0..60 {
+                let first = rng.below(150) as u32;
+                ts.push(Tensor::new(
+                    format!("long{i}"),
+                    1024 * (1 + rng.below(4) as u64),
+                    first,
+                    first + 50 + rng.below(100) as u32,
+                ));
             }
-            used.push(worst);
-        }
-        let n = p.len() as u64;
-        assert!(used[1] <= 2 * n && used[0] > 2 * used[1], "nodes, point and canonical: {used:?} for {n} tensors");
+            for i in 0..140 {
+                let first = rng.below(290) as u32;
+                ts.push(Tensor::new(
+                    format!("short{i}"),
+                    1024 * (8 + rng.below(56) as u64),
+                    first,
+                    first + 1 + rng.below(8) as u32,
+                ));
+            }
+            let p = Problem::new(&ts).unwrap();
+            let bound = p.section_total.iter().copied().max().unwrap();
+            let cap = bound + bound / 5;
+            let far = Instant::now() + std::time::Duration::from_secs(600);
+            let mut used = Vec::new();
+            for canon in [false, true] {
+                let mut worst = 0;
+                for rank in p.preorders() {
+                    let mut s = Search::new(&p, &rank, cap, true, 200_000, far);
+                    s.canon = canon;
+                    assert_eq!(s.run(), End::Found, "canon {canon}");
+                    let (offs, _) = s.best.clone().unwrap();
+                    assert!(valid(&p, &offs, cap));
+                    worst = worst.max(200_000 - s.nodes_left);
+                }
+                used.push(worst);
+            }
+            let n = p.len() as u64;
+            assert!(used[1] <= 2 * n && used[0] > 2 * used[1], "nodes, point and canonical: {used:?} for {n} tensors");
+        });
     }
 
     #[test]
