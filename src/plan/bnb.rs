@@ -225,15 +225,22 @@ impl Bits {
     /// `self |= self << k` (bits pushed past the end are dropped).
     fn or_shifted(&mut self, k: usize) {
         let (words, bits) = (k / 64, k % 64);
-        for w in (0..self.0.len()).rev() {
-            let mut v = 0;
-            if w >= words {
-                v = self.0[w - words] << bits;
-                if bits > 0 && w > words {
-                    v |= self.0[w - words - 1] >> (64 - bits);
-                }
+        let len = self.0.len();
+        if words >= len {
+            return;
+        }
+        // From the top down, so that each word reads lower ones not yet changed; the words below
+        // `words` take nothing.
+        let v = &mut self.0;
+        if bits == 0 {
+            for w in (words..len).rev() {
+                v[w] |= v[w - words];
             }
-            self.0[w] |= v;
+        } else {
+            for w in (words + 1..len).rev() {
+                v[w] |= (v[w - words] << bits) | (v[w - words - 1] >> (64 - bits));
+            }
+            v[words] |= v[0] << bits;
         }
     }
 
@@ -411,14 +418,25 @@ enum End {
     Limit,
 }
 
+/// Where [`Search::undo`] goes back to: the lengths of the undo logs, and the trail's generation.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    floors: usize,
+    tensors: usize,
+    fails: usize,
+    gen: u32,
+}
+
 /// One depth-first search.
 ///
 /// Invariants: `offset[b] == NONE` exactly for the unplaced tensors; `floor[s]` is the highest end
 /// placed in section `s`, or more where the search decided that the space below stays empty;
-/// `left[s]` is the bytes of `s`'s unplaced tensors; `height` is the highest end placed. Every
-/// section whose floor, or whose tensors' placed state, changed since `feasible` last ran is in
-/// `dirty` (or `all_dirty` is set); of the others, `rest_of` (unplaced tensors) and `fails`
-/// are what `feasible` would compute now, and `failing` counts the sections with `fails` set.
+/// `left[s]` is the bytes of `s`'s unplaced tensors; `height` is the highest end placed. Unless
+/// `all_dirty` is set, every floor that changed since `feasible` last ran rose, inside a range of
+/// `raised`, and every section whose tensors' placed state changed lies in one; outside those
+/// ranges, `rest_of`, `top_of` (unplaced tensors) and `fails` are what `feasible` would compute
+/// now, and `failing` counts the sections with `fails` set. The trail (`tensor_log`, `fails_log`)
+/// holds the old values of every change `feasible` made since the generation began.
 #[derive(Clone)]
 struct Search<'p> {
     p: &'p Problem,
@@ -441,10 +459,16 @@ struct Search<'p> {
     /// its lifetime ([`Search::lowest`]).
     rest_of: Vec<u64>,
     top_of: Vec<u64>,
-    /// Sections changed since `feasible` last ran (by `raise` and `undo`), and whether every
-    /// section is to be computed again (at the start, and when `cap` changes).
-    dirty: Vec<u32>,
+    /// Ranges of sections `raise`d since `feasible` last ran (`lo`, `hi`, new floor), and whether
+    /// every section is to be computed again (at the start, and when `cap` changed).
+    raised: Vec<(u32, u32, u64)>,
     all_dirty: bool,
+    /// The trail of `feasible`'s changes, for `undo`: (tensor, old `rest_of`, old `top_of`), and the
+    /// sections whose `fails` flipped; `gen` counts the passes over every section, after which
+    /// older marks cannot be restored from the trail.
+    tensor_log: Vec<(u32, u64, u64)>,
+    fails_log: Vec<u32>,
+    gen: u32,
     /// Per section: its unplaced bytes do not fit above its floor and its lowest offset; how many do not.
     fails: Vec<bool>,
     failing: usize,
@@ -452,7 +476,6 @@ struct Search<'p> {
     epoch: u32,
     seen_tensor: Vec<u32>,
     seen_section: Vec<u32>,
-    redo_tensors: Vec<u32>,
     redo_sections: Vec<u32>,
     /// Scratch of `feasible`: the lifetimes of the tensors it computes again.
     spans: Vec<(u32, u32)>,
@@ -487,14 +510,16 @@ impl<'p> Search<'p> {
             floor_log: Vec::new(),
             rest_of: vec![0; n],
             top_of: vec![0; n],
-            dirty: Vec::new(),
+            raised: Vec::new(),
             all_dirty: true,
+            tensor_log: Vec::new(),
+            fails_log: Vec::new(),
+            gen: 0,
             fails: vec![false; p.members.len()],
             failing: 0,
             epoch: 0,
             seen_tensor: vec![0; n],
             seen_section: vec![0; p.members.len()],
-            redo_tensors: Vec::new(),
             redo_sections: Vec::new(),
             spans: Vec::new(),
             canon: false,
@@ -517,27 +542,35 @@ impl<'p> Search<'p> {
         self.node()
     }
 
-    /// The highest floor under `c`'s lifetime.
-    fn top(&self, c: usize) -> u64 {
-        let p = self.p;
-        (p.lo[c]..p.hi[c]).map(|s| self.floor[s as usize]).max().unwrap_or(0)
-    }
-
     /// Whether every section can still hold its unplaced bytes: above its floor, and above the lowest
     /// offset any of its unplaced tensors can take.
-    /// Brings `rest_of` up to date for the unplaced tensors on the way. Incremental: a tensor's lowest
-    /// offset depends only on the floors under its lifetime, so only the tensors covering a section
-    /// changed since the last call are computed again, and only the sections they cover are checked
-    /// again (the others' floors, unplaced bytes and lowest offsets are as they were).
+    /// Brings `rest_of` and `top_of` up to date for the unplaced tensors on the way. Incremental:
+    /// since the last call, floors only rose, over the ranges `raise` recorded (every way back goes
+    /// through `undo`, which restores what the calls in between changed, from the trail). A tensor's
+    /// highest floor then becomes the larger of its old one and a range's new floor wherever its
+    /// lifetime meets that range (one comparison, not a walk of its lifetime); the sections checked
+    /// again are the raised ones and those under the tensors whose lowest offset moved.
     fn feasible(&mut self) -> bool {
         let p = self.p;
         if self.all_dirty {
-            // Every section changed: the same pass over all of them.
+            // Every section from scratch (at the start, and when `cap` changed): the trail starts
+            // again, and marks taken before are of an older generation.
             self.all_dirty = false;
-            self.dirty.clear();
-            self.dirty.extend(0..self.floor.len() as u32);
-            self.fails.fill(false);
+            self.raised.clear();
+            self.tensor_log.clear();
+            self.fails_log.clear();
+            self.gen = self.gen.wrapping_add(1);
+            for c in 0..p.len() {
+                if self.offset[c] == NONE {
+                    (self.rest_of[c], self.top_of[c]) = self.lowest(c);
+                }
+            }
             self.failing = 0;
+            for s in 0..self.floor.len() {
+                self.fails[s] = self.fails_at(s);
+                self.failing += self.fails[s] as usize;
+            }
+            return self.failing == 0;
         }
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
@@ -546,45 +579,37 @@ impl<'p> Search<'p> {
             self.epoch = 1;
         }
         let epoch = self.epoch;
-        self.redo_tensors.clear();
         self.redo_sections.clear();
-        for k in 0..self.dirty.len() {
-            let s = self.dirty[k] as usize;
-            if self.seen_section[s] != epoch {
-                self.seen_section[s] = epoch;
-                self.redo_sections.push(s as u32);
+        self.spans.clear();
+        for k in 0..self.raised.len() {
+            let (lo, hi, to) = self.raised[k];
+            for s in lo..hi {
+                if self.seen_section[s as usize] != epoch {
+                    self.seen_section[s as usize] = epoch;
+                    self.redo_sections.push(s);
+                }
             }
-        }
-        self.dirty.clear();
-        // The unplaced tensors covering them: for each run `a..b` of changed sections, those
-        // covering `a` and those starting inside the run (not each section's members: tensors that
-        // live long are members of every section of a run, and that walk was most of the time).
-        self.redo_sections.sort_unstable();
-        let mut k = 0;
-        while k < self.redo_sections.len() {
-            let a = self.redo_sections[k];
-            let mut b = a + 1;
-            k += 1;
-            while k < self.redo_sections.len() && self.redo_sections[k] == b {
-                b += 1;
-                k += 1;
-            }
-            let starting = (a + 1..b).flat_map(|s| p.starts[s as usize].iter());
-            for &c in p.members[a as usize].iter().chain(starting) {
-                if self.offset[c as usize] == NONE && self.seen_tensor[c as usize] != epoch {
-                    self.seen_tensor[c as usize] = epoch;
-                    self.redo_tensors.push(c);
+            // The unplaced tensors meeting `lo..hi`: those covering `lo` and those starting inside
+            // (not each section's members: tensors that live long are members of them all).
+            let starting = (lo + 1..hi).flat_map(|s| p.starts[s as usize].iter());
+            for &d in p.members[lo as usize].iter().chain(starting) {
+                let d = d as usize;
+                if self.offset[d] != NONE || self.top_of[d] >= to {
+                    continue;
+                }
+                self.tensor_log.push((d as u32, self.rest_of[d], self.top_of[d]));
+                let old = self.rest_of[d];
+                self.top_of[d] = to;
+                self.rest_of[d] = self.rest_from(d, to);
+                if self.rest_of[d] != old && self.seen_tensor[d] != epoch {
+                    self.seen_tensor[d] = epoch;
+                    self.spans.push((p.lo[d], p.hi[d]));
                 }
             }
         }
-        // The sections the recomputed tensors cover: the union of their lifetimes, walked once
-        // (tensors that live long share most of their sections).
-        self.spans.clear();
-        for k in 0..self.redo_tensors.len() {
-            let c = self.redo_tensors[k] as usize;
-            (self.rest_of[c], self.top_of[c]) = self.lowest(c);
-            self.spans.push((p.lo[c], p.hi[c]));
-        }
+        self.raised.clear();
+        // The sections under the tensors whose lowest offset moved: the union of their lifetimes,
+        // walked once.
         self.spans.sort_unstable();
         let mut done = 0;
         for k in 0..self.spans.len() {
@@ -599,18 +624,10 @@ impl<'p> Search<'p> {
         }
         for k in 0..self.redo_sections.len() {
             let s = self.redo_sections[k] as usize;
-            // Its unplaced bytes fit iff they fit above the floor and some unplaced tensor can start
-            // low enough (`max(floor, lowest) + left <= cap`): the scan stops at the first such
-            // tensor, where it used to take the lowest of all (on instances whose tensors live
-            // long, every section has many, and this was most of a node's time).
-            let (f, l) = (self.floor[s], self.left[s]);
-            let fails = l != 0
-                && (f.saturating_add(l) > self.cap || {
-                    let room = self.cap - l;
-                    !p.members[s].iter().any(|&c| self.offset[c as usize] == NONE && self.rest_of[c as usize] <= room)
-                });
+            let fails = self.fails_at(s);
             if fails != self.fails[s] {
                 self.fails[s] = fails;
+                self.fails_log.push(s as u32);
                 if fails {
                     self.failing += 1;
                 } else {
@@ -621,33 +638,86 @@ impl<'p> Search<'p> {
         self.failing == 0
     }
 
-    /// `c`'s lowest offset (the highest floor under its lifetime, aligned), sharpened by the domains
-    /// if any; and that floor ([`Search::top`]).
-    fn lowest(&self, c: usize) -> (u64, u64) {
-        let p = self.p;
-        let t = self.top(c);
-        let r = t.div_ceil(p.align[c]) * p.align[c];
-        let r = match self.dom {
-            Some(d) => d.next(c, r),
-            None => r,
-        };
-        (r, t)
+    /// Whether section `s`'s unplaced bytes do not fit: above its floor, or above the lowest offset
+    /// any of its unplaced tensors can take (`max(floor, lowest) + left > cap`). The scan stops at
+    /// the first tensor low enough, where it used to take the lowest of all (on instances whose
+    /// tensors live long, every section has many, and this was most of a node's time).
+    fn fails_at(&self, s: usize) -> bool {
+        let (f, l) = (self.floor[s], self.left[s]);
+        l != 0
+            && (f.saturating_add(l) > self.cap || {
+                let room = self.cap - l;
+                !self.p.members[s].iter().any(|&c| self.offset[c as usize] == NONE && self.rest_of[c as usize] <= room)
+            })
     }
 
-    /// Sets the floor of sections `lo..hi` to `to`, logging the old values.
+    /// The highest floor under `c`'s lifetime.
+    fn top(&self, c: usize) -> u64 {
+        let p = self.p;
+        (p.lo[c]..p.hi[c]).map(|s| self.floor[s as usize]).max().unwrap_or(0)
+    }
+
+    /// `c`'s lowest offset when the highest floor under its lifetime is `top`: `top` aligned,
+    /// sharpened by the domains if any.
+    fn rest_from(&self, c: usize, top: u64) -> u64 {
+        let p = self.p;
+        let r = top.div_ceil(p.align[c]) * p.align[c];
+        match self.dom {
+            Some(d) => d.next(c, r),
+            None => r,
+        }
+    }
+
+    /// `c`'s lowest offset and the highest floor under its lifetime ([`Search::top`]).
+    fn lowest(&self, c: usize) -> (u64, u64) {
+        let t = self.top(c);
+        (self.rest_from(c, t), t)
+    }
+
+    /// Sets the floor of sections `lo..hi` to at least `to`, logging the old values.
     fn raise(&mut self, lo: u32, hi: u32, to: u64) {
         for s in lo..hi {
             self.floor_log.push((s, self.floor[s as usize]));
             self.floor[s as usize] = self.floor[s as usize].max(to);
-            self.dirty.push(s);
+        }
+        self.raised.push((lo, hi, to));
+    }
+
+    /// Where `undo` goes back to.
+    fn mark(&self) -> Mark {
+        Mark {
+            floors: self.floor_log.len(),
+            tensors: self.tensor_log.len(),
+            fails: self.fails_log.len(),
+            gen: self.gen,
         }
     }
 
-    fn undo(&mut self, mark: usize) {
-        while self.floor_log.len() > mark {
+    /// Back to `mark`: the floors, and what `feasible` changed since (or, where the capacity changed
+    /// since, everything computed again at the next `feasible`).
+    fn undo(&mut self, mark: Mark) {
+        while self.floor_log.len() > mark.floors {
             let (s, f) = self.floor_log.pop().expect("above the mark");
             self.floor[s as usize] = f;
-            self.dirty.push(s);
+        }
+        self.raised.clear();
+        if mark.gen != self.gen {
+            self.all_dirty = true;
+            return;
+        }
+        while self.tensor_log.len() > mark.tensors {
+            let (c, r, t) = self.tensor_log.pop().expect("above the mark");
+            self.rest_of[c as usize] = r;
+            self.top_of[c as usize] = t;
+        }
+        while self.fails_log.len() > mark.fails {
+            let s = self.fails_log.pop().expect("above the mark") as usize;
+            self.fails[s] = !self.fails[s];
+            if self.fails[s] {
+                self.failing += 1;
+            } else {
+                self.failing -= 1;
+            }
         }
     }
 
@@ -708,7 +778,7 @@ impl<'p> Search<'p> {
                 continue;
             }
             tried.push(key);
-            let mark = self.floor_log.len();
+            let mark = self.mark();
             self.raise(p.lo[c], p.hi[c], top);
             for s in p.lo[c]..p.hi[c] {
                 self.left[s as usize] -= p.size[c];
@@ -734,7 +804,7 @@ impl<'p> Search<'p> {
         // or one not yet placed, which starts at `m` or above and ends at least the smallest size
         // later. A tensor covering this section alone has nothing to rest on: it cannot be lowest.
         let Some(waste) = waste else { return End::Exhausted };
-        let mark = self.floor_log.len();
+        let mark = self.mark();
         self.raise(star as u32, star as u32 + 1, waste);
         let end = if self.feasible() { self.node() } else { End::Exhausted };
         self.undo(mark);
@@ -800,7 +870,7 @@ impl<'p> Search<'p> {
             }
             tried.push(key);
             let top = o + p.size[c];
-            let mark = self.floor_log.len();
+            let mark = self.mark();
             self.raise(p.lo[c], p.hi[c], top);
             for s in p.lo[c]..p.hi[c] {
                 self.left[s as usize] -= p.size[c];
@@ -1599,6 +1669,30 @@ mod tests {
     }
 
     #[test]
+    fn bits_or_shifted_is_a_shift_by_k_bits() {
+        let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+        for _ in 0..2_000 {
+            let len = 1 + rng.below(6);
+            let words: Vec<u64> =
+                (0..len).map(|_| (rng.below(1 << 30) as u64) << 34 | rng.below(1 << 30) as u64).collect();
+            let k = [0, 64, 128, rng.below(64 * len + 70)][rng.below(4)];
+            let mut b = Bits(words.clone());
+            b.or_shifted(k);
+            let naive: Vec<u64> = (0..len)
+                .map(|w| {
+                    (0..64).fold(words[w], |acc, bit| {
+                        let i = w * 64 + bit;
+                        let from = i.checked_sub(k);
+                        let set = from.is_some_and(|f| words[f / 64] >> (f % 64) & 1 == 1);
+                        acc | (set as u64) << bit
+                    })
+                })
+                .collect();
+            assert_eq!(b.0, naive, "k {k}");
+        }
+    }
+
+    #[test]
     fn bits_prev_finds_the_highest_bit_at_or_below() {
         let mut b = Bits(vec![0; 4]);
         assert_eq!(b.prev(199), None);
@@ -1755,7 +1849,7 @@ mod tests {
                         }
                         let mut rng = Rng(seed * 31 + 7);
                         // Undo log of the walk: (floor-log mark, tensor placed or none).
-                        let mut walk: Vec<(usize, Option<usize>)> = Vec::new();
+                        let mut walk: Vec<(Mark, Option<usize>)> = Vec::new();
                         let mut ok = s.feasible();
                         for _ in 0..300 {
                             let back = !walk.is_empty() && (!ok || s.placed == p.len() || rng.below(4) == 0);
@@ -1776,7 +1870,7 @@ mod tests {
                                     .filter(|&c| s.offset[c] == NONE && s.rest_of[c] == m && m + p.size[c] <= cap)
                                     .collect();
                                 let waste = s.waste_to(star, m);
-                                let mark = s.floor_log.len();
+                                let mark = s.mark();
                                 let pick = rng.below(cands.len() + 1);
                                 if pick < cands.len() {
                                     let c = cands[pick];
@@ -1811,6 +1905,7 @@ mod tests {
                             assert_eq!(ok, full.feasible(), "{kind} {seed} cap {cap} dom {with_dom}");
                             for c in (0..p.len()).filter(|&c| s.offset[c] == NONE) {
                                 assert_eq!(s.rest_of[c], full.rest_of[c], "{kind} {seed}: tensor {c}");
+                                assert_eq!(s.top_of[c], full.top_of[c], "{kind} {seed}: tensor {c}");
                             }
                             assert_eq!(s.fails, full.fails, "{kind} {seed}");
                             steps += 1;
