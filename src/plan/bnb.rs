@@ -726,23 +726,61 @@ impl<'p> Search<'p> {
             return End::Limit;
         }
         self.depth += 1;
-        let end = if self.canon { self.branch_canon() } else { self.branch() };
+        let end = match self.tick() {
+            Some(end) => end,
+            None if self.canon => self.branch_canon(),
+            None => self.branch(),
+        };
         self.depth -= 1;
         end
     }
 
-    fn branch(&mut self) -> End {
+    /// A node's start, for both branchings: its count against the node limit and the deadline, and
+    /// the leaf (every tensor placed); `None` where it is to branch.
+    fn tick(&mut self) -> Option<End> {
         if self.nodes_left == 0 {
-            return End::Limit;
+            return Some(End::Limit);
         }
         self.nodes_left -= 1;
         if self.nodes_left % 512 == 0 && Instant::now() >= self.deadline {
             self.nodes_left = 0;
-            return End::Limit;
+            return Some(End::Limit);
         }
         if self.placed == self.p.len() {
-            return self.leaf();
+            return Some(self.leaf());
         }
+        None
+    }
+
+    /// Places `c` at `o`; returns what [`Search::unplace`] needs to take it out again.
+    fn place(&mut self, c: usize, o: u64) -> (Mark, u64) {
+        let p = self.p;
+        let mark = self.mark();
+        let top = o + p.size[c];
+        self.raise(p.lo[c], p.hi[c], top);
+        for s in p.lo[c]..p.hi[c] {
+            self.left[s as usize] -= p.size[c];
+        }
+        self.offset[c] = o;
+        self.placed += 1;
+        let height = self.height;
+        self.height = self.height.max(top);
+        (mark, height)
+    }
+
+    /// Takes `c` out again, back to the state before [`Search::place`].
+    fn unplace(&mut self, c: usize, (mark, height): (Mark, u64)) {
+        let p = self.p;
+        self.height = height;
+        self.placed -= 1;
+        self.offset[c] = NONE;
+        for s in p.lo[c]..p.hi[c] {
+            self.left[s as usize] += p.size[c];
+        }
+        self.undo(mark);
+    }
+
+    fn branch(&mut self) -> End {
         let p = self.p;
         // The lowest point of the skyline among sections with something left to place (every tensor
         // not placed yet lies at or above it, so a tensor starting there has everything below it
@@ -778,31 +816,16 @@ impl<'p> Search<'p> {
                 continue;
             }
             tried.push(key);
-            let mark = self.mark();
-            self.raise(p.lo[c], p.hi[c], top);
-            for s in p.lo[c]..p.hi[c] {
-                self.left[s as usize] -= p.size[c];
-            }
-            self.offset[c] = m;
-            self.placed += 1;
-            let saved_height = self.height;
-            self.height = self.height.max(top);
+            let placed = self.place(c, m);
             let end = if self.feasible() { self.node() } else { End::Exhausted };
-            self.height = saved_height;
-            self.placed -= 1;
-            self.offset[c] = NONE;
-            for s in p.lo[c]..p.hi[c] {
-                self.left[s as usize] += p.size[c];
-            }
-            self.undo(mark);
+            self.unplace(c, placed);
             if end != End::Exhausted {
                 return end;
             }
         }
         // …or the space there stays empty up to the lowest offset the lowest tensor covering it could
-        // then take. That tensor rests on a tensor beside the section: one placed (the floor there),
-        // or one not yet placed, which starts at `m` or above and ends at least the smallest size
-        // later. A tensor covering this section alone has nothing to rest on: it cannot be lowest.
+        // then take (see `waste_to`: it rests on a tensor beside the section, or is lifted above `m`
+        // by its alignment).
         let Some(waste) = waste else { return End::Exhausted };
         let mark = self.mark();
         self.raise(star as u32, star as u32 + 1, waste);
@@ -831,17 +854,6 @@ impl<'p> Search<'p> {
     /// holes under the floors, which the skyline branching does not; on the instances full at the
     /// bound it found worse plans, so the driver uses it only where sections have room.
     fn branch_canon(&mut self) -> End {
-        if self.nodes_left == 0 {
-            return End::Limit;
-        }
-        self.nodes_left -= 1;
-        if self.nodes_left % 512 == 0 && Instant::now() >= self.deadline {
-            self.nodes_left = 0;
-            return End::Limit;
-        }
-        if self.placed == self.p.len() {
-            return self.leaf();
-        }
         let p = self.p;
         let (lo_off, lo_rank) = self.last;
         let n = p.len();
@@ -869,27 +881,11 @@ impl<'p> Search<'p> {
                 continue;
             }
             tried.push(key);
-            let top = o + p.size[c];
-            let mark = self.mark();
-            self.raise(p.lo[c], p.hi[c], top);
-            for s in p.lo[c]..p.hi[c] {
-                self.left[s as usize] -= p.size[c];
-            }
-            self.offset[c] = o;
-            self.placed += 1;
-            let saved_height = self.height;
-            self.height = self.height.max(top);
-            let saved_last = self.last;
-            self.last = (o, r);
+            let placed = self.place(c, o);
+            let last = std::mem::replace(&mut self.last, (o, r));
             let end = if self.fits_above(o) && self.feasible() { self.node() } else { End::Exhausted };
-            self.last = saved_last;
-            self.height = saved_height;
-            self.placed -= 1;
-            self.offset[c] = NONE;
-            for s in p.lo[c]..p.hi[c] {
-                self.left[s as usize] += p.size[c];
-            }
-            self.undo(mark);
+            self.last = last;
+            self.unplace(c, placed);
             if end != End::Exhausted {
                 return end;
             }
@@ -2054,25 +2050,24 @@ mod tests {
             // one node per step (each step as high as the smallest neighbour), the canonical search
             // places a tensor at every node.
             let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+            // `count` tensors: starting below `starts`, of 1 KiB times `units` (plus up to `more`
+            // - 1), living `life` ops and up to `longer` - 1 more.
             let mut ts = Vec::new();
-            for i in 0..60 {
-                let first = rng.below(150) as u32;
-                ts.push(Tensor::new(
-                    format!("long{i}"),
-                    1024 * (1 + rng.below(4) as u64),
-                    first,
-                    first + 50 + rng.below(100) as u32,
-                ));
-            }
-            for i in 0..140 {
-                let first = rng.below(290) as u32;
-                ts.push(Tensor::new(
-                    format!("short{i}"),
-                    1024 * (8 + rng.below(56) as u64),
-                    first,
-                    first + 1 + rng.below(8) as u32,
-                ));
-            }
+            let mut add = |name: &str,
+                           count: usize,
+                           starts: usize,
+                           units: u64,
+                           more: usize,
+                           life: u32,
+                           longer: usize| {
+                for i in 0..count {
+                    let first = rng.below(starts) as u32;
+                    let size = 1024 * (units + rng.below(more) as u64);
+                    ts.push(Tensor::new(format!("{name}{i}"), size, first, first + life + rng.below(longer) as u32));
+                }
+            };
+            add("long", 60, 150, 1, 4, 50, 100);
+            add("short", 140, 290, 8, 56, 1, 8);
             let p = Problem::new(&ts).unwrap();
             let bound = p.section_total.iter().copied().max().unwrap();
             let cap = bound + bound / 5;
