@@ -485,6 +485,12 @@ impl Inner {
         self.buddy.dirty_bytes + self.pooled()
     }
 
+    /// Whether blocks of this kind, order and phase go through the pool: run-time slab blocks, not
+    /// under the hardened mode (whose slabs carry a guard page).
+    fn poolable(&self, kind: PageKind, order: u32, load: bool) -> bool {
+        kind == PageKind::Slab && order == SLAB_SHIFT && !load && !self.secure
+    }
+
     /// A slab block from the pool, if the pool has one: allocated, dirty and used, its pages still
     /// marked as pooled (the caller marks them).
     fn pool_take(&mut self) -> Option<(u32, u8)> {
@@ -1019,9 +1025,8 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
     alloc_retrying(|h, may_grow, batch| {
         // Under EDGEPOOL_SECURE a slab takes a block twice its size: the slab, then a guard page
         // (inaccessible), then pages never touched. An overflow past the slab's last slot faults.
-        // (The pool is empty there.)
         let guard = kind == PageKind::Slab && h.secure;
-        let pooled = if kind == PageKind::Slab && order == SLAB_SHIFT && !load { h.pool_take() } else { None };
+        let pooled = if h.poolable(kind, order, load) { h.pool_take() } else { None };
         let (idx, flags) = match pooled {
             Some(taken) => taken,
             None => {
@@ -1127,8 +1132,7 @@ pub unsafe fn free_block(p: *mut u8) -> (bool, usize) {
             }
             // SAFETY: the head of an allocated slab block of a run-time slab, its other pages
             // Interior, given up (contract).
-            if e.kind == PageKind::Slab && e.load == 0 && order == SLAB_SHIFT && !h.secure && unsafe { h.pool_put(idx) }
-            {
+            if h.poolable(e.kind, order, e.load != 0) && unsafe { h.pool_put(idx) } {
                 return (false, 1usize << order);
             }
             // A secure slab's block holds its guard page, still inaccessible (see `alloc_block`).
