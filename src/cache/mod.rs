@@ -1153,91 +1153,97 @@ mod tests {
         });
     }
 
+    /// Frees every slot of `ps` (live slots, freed once), from whichever thread calls it.
+    fn free_all(ps: impl IntoIterator<Item = usize>) {
+        for p in ps {
+            // SAFETY: live slots handed to the caller, freed once (contract).
+            unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
+        }
+    }
+
+    /// Runs `before` on a thread of its own (the owner); a second thread frees the slots it returns
+    /// (remote frees); then `after` runs on the owner with the rest of what `before` returned.
+    fn freed_by_another_thread<T: Send + 'static>(
+        before: impl FnOnce() -> (Vec<usize>, T) + Send + 'static,
+        after: impl FnOnce(T) + Send + 'static,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            let (remote, rest) = before();
+            tx.send(remote).unwrap();
+            back_rx.recv().unwrap();
+            after(rest);
+        });
+        let v = rx.recv().unwrap();
+        on_thread(move || free_all(v));
+        back_tx.send(()).unwrap();
+        owner.join().unwrap();
+    }
+
     #[test]
     fn remote_frees_come_back_to_the_owner() {
         let class = class_of(100);
         // Two whole slabs: the owner's current slab has no free slot left.
         let n = 2 * GEOMETRY[class].nslots as usize;
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
-        let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
-        let owner = std::thread::spawn(move || {
-            let v: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
-            tx.send(v.clone()).unwrap();
-            back_rx.recv().unwrap();
-            // Every slot was freed by the other thread. The owner applies the remote frees: the
-            // current slab's come back first, and an emptied slab is kept as the spare and re-laid, so
-            // at least one slab's worth of the same slots is handed out again.
-            let again: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
-            check_mine().unwrap();
-            let reused = again.iter().filter(|p| v.contains(p)).count();
-            assert!(reused >= n / 2, "remote frees were not reused by the owner ({reused} of {n})");
-            for p in again {
-                // SAFETY: live slots of this thread's slabs.
-                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
-            }
-        });
-        let v = rx.recv().unwrap();
-        on_thread(move || {
-            for p in v {
-                // SAFETY: live slots handed to this thread, freed once (remote frees).
-                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
-            }
-        });
-        back_tx.send(()).unwrap();
-        owner.join().unwrap();
+        freed_by_another_thread(
+            move || {
+                let v: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
+                (v.clone(), v)
+            },
+            move |v| {
+                // Every slot was freed by the other thread. The owner applies the remote frees: the
+                // current slab's come back first, and an emptied slab is kept as the spare and re-laid,
+                // so at least one slab's worth of the same slots is handed out again.
+                let again: Vec<usize> = (0..n).map(|_| alloc(class) as usize).collect();
+                check_mine().unwrap();
+                let reused = again.iter().filter(|p| v.contains(p)).count();
+                assert!(reused >= n / 2, "remote frees were not reused by the owner ({reused} of {n})");
+                free_all(again);
+            },
+        );
     }
 
     #[test]
     fn a_slab_emptied_by_other_threads_is_taken_back_at_the_next_slow_path() {
         let class = class_of(100);
         let slots = GEOMETRY[class].nslots as usize;
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
-        let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
-        let owner = std::thread::spawn(move || {
-            // Three whole slabs, in the order handed out: the first goes to the other thread, the
-            // second gets half its slots back from its owner (on the partial list: its bitmap has free
-            // bits), the third is current with no free slot.
-            let v: Vec<usize> = (0..3 * slots).map(|_| alloc(class) as usize).collect();
-            let (first, second) = (slab_of(v[0] as *mut u8), slab_of(v[slots] as *mut u8));
-            assert!(v[..slots].iter().all(|&p| slab_of(p as *mut u8) == first));
-            assert!(v[slots..2 * slots].iter().all(|&p| slab_of(p as *mut u8) == second));
-            for &p in &v[slots..slots + slots / 2] {
-                // SAFETY: live slots of this thread's slab, freed once.
-                unsafe { free_small(p as *mut u8, second) };
-            }
-            // SAFETY: owner-only fields of this thread's live slabs, read by the owner.
-            unsafe {
-                assert_eq!((*second).state, SlabState::Partial);
-                assert_eq!((*first).state, SlabState::Full);
-            }
-            tx.send(v[..slots].to_vec()).unwrap();
-            back_rx.recv().unwrap();
-            // Every slot of the first slab was freed by the other thread. The stack's slots first,
-            // then the slow path: the partial slab is there to take, and the queued remote frees are
-            // applied on the way, so the emptied slab leaves the full list at once (kept as the
-            // spare or given back to the heap) instead of waiting until no partial slab is left.
-            let mut again: Vec<usize> = (0..STACK + 1).map(|_| alloc(class) as usize).collect();
-            assert_eq!(slab_of(again[STACK] as *mut u8), second, "the partial slab was not taken");
-            // SAFETY: the owner reads its own slab's state; a slab given back is no longer a slab of
-            // this class (its page kind changes or it is re-laid).
-            let kept = heap::page_kind(v[0]) == Some(PageKind::Slab) && unsafe { (*first).state } == SlabState::Full;
-            assert!(!kept, "a slab that other threads emptied stayed on the full list");
-            check_mine().unwrap();
-            again.extend(v[slots / 2 + slots..].iter().copied());
-            for p in again {
-                // SAFETY: live slots of this thread's slabs.
-                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
-            }
-        });
-        let v = rx.recv().unwrap();
-        on_thread(move || {
-            for p in v {
-                // SAFETY: live slots handed to this thread, freed once (remote frees).
-                unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
-            }
-        });
-        back_tx.send(()).unwrap();
-        owner.join().unwrap();
+        freed_by_another_thread(
+            move || {
+                // Three whole slabs, in the order handed out: the first goes to the other thread, the
+                // second gets half its slots back from its owner (on the partial list: its bitmap has
+                // free bits), the third is current with no free slot.
+                let v: Vec<usize> = (0..3 * slots).map(|_| alloc(class) as usize).collect();
+                let (first, second) = (slab_of(v[0] as *mut u8), slab_of(v[slots] as *mut u8));
+                assert!(v[..slots].iter().all(|&p| slab_of(p as *mut u8) == first));
+                assert!(v[slots..2 * slots].iter().all(|&p| slab_of(p as *mut u8) == second));
+                free_all(v[slots..slots + slots / 2].iter().copied());
+                // SAFETY: owner-only fields of this thread's live slabs, read by the owner.
+                unsafe {
+                    assert_eq!((*second).state, SlabState::Partial);
+                    assert_eq!((*first).state, SlabState::Full);
+                }
+                (v[..slots].to_vec(), v)
+            },
+            move |v| {
+                let (first, second) = (slab_of(v[0] as *mut u8), slab_of(v[slots] as *mut u8));
+                // Every slot of the first slab was freed by the other thread. The stack's slots first,
+                // then the slow path: the partial slab is there to take, and the queued remote frees
+                // are applied on the way, so the emptied slab leaves the full list at once (kept as
+                // the spare or given back to the heap) instead of waiting until no partial slab is
+                // left.
+                let mut again: Vec<usize> = (0..STACK + 1).map(|_| alloc(class) as usize).collect();
+                assert_eq!(slab_of(again[STACK] as *mut u8), second, "the partial slab was not taken");
+                // SAFETY: the owner reads its own slab's state; a slab given back is no longer a slab
+                // of this class (its page kind changes or it is re-laid).
+                let kept =
+                    heap::page_kind(v[0]) == Some(PageKind::Slab) && unsafe { (*first).state } == SlabState::Full;
+                assert!(!kept, "a slab that other threads emptied stayed on the full list");
+                check_mine().unwrap();
+                again.extend(v[slots / 2 + slots..].iter().copied());
+                free_all(again);
+            },
+        );
     }
 
     #[test]
