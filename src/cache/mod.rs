@@ -1153,10 +1153,13 @@ mod tests {
         });
     }
 
-    /// Frees every slot of `ps` (live slots, freed once), from whichever thread calls it.
-    fn free_all(ps: impl IntoIterator<Item = usize>) {
+    /// Frees every slot of `ps`, from whichever thread calls it.
+    ///
+    /// # Safety
+    /// - every address in `ps` is a live slot that the caller gives up, listed once.
+    unsafe fn free_all(ps: impl IntoIterator<Item = usize>) {
         for p in ps {
-            // SAFETY: live slots handed to the caller, freed once (contract).
+            // SAFETY: a live slot, freed once (contract).
             unsafe { free_small(p as *mut u8, slab_of(p as *mut u8)) };
         }
     }
@@ -1176,7 +1179,8 @@ mod tests {
             after(rest);
         });
         let v = rx.recv().unwrap();
-        on_thread(move || free_all(v));
+        // SAFETY: the owner's live slots, handed over whole and freed once here.
+        on_thread(move || unsafe { free_all(v) });
         back_tx.send(()).unwrap();
         owner.join().unwrap();
     }
@@ -1199,7 +1203,8 @@ mod tests {
                 check_mine().unwrap();
                 let reused = again.iter().filter(|p| v.contains(p)).count();
                 assert!(reused >= n / 2, "remote frees were not reused by the owner ({reused} of {n})");
-                free_all(again);
+                // SAFETY: live slots of this thread, freed once.
+                unsafe { free_all(again) };
             },
         );
     }
@@ -1217,7 +1222,8 @@ mod tests {
                 let (first, second) = (slab_of(v[0] as *mut u8), slab_of(v[slots] as *mut u8));
                 assert!(v[..slots].iter().all(|&p| slab_of(p as *mut u8) == first));
                 assert!(v[slots..2 * slots].iter().all(|&p| slab_of(p as *mut u8) == second));
-                free_all(v[slots..slots + slots / 2].iter().copied());
+                // SAFETY: live slots of this thread, freed once (the second slab's first half).
+                unsafe { free_all(v[slots..slots + slots / 2].iter().copied()) };
                 // SAFETY: owner-only fields of this thread's live slabs, read by the owner.
                 unsafe {
                     assert_eq!((*second).state, SlabState::Partial);
@@ -1241,7 +1247,9 @@ mod tests {
                 assert!(!kept, "a slab that other threads emptied stayed on the full list");
                 check_mine().unwrap();
                 again.extend(v[slots / 2 + slots..].iter().copied());
-                free_all(again);
+                // SAFETY: the slots this thread still holds (the second slab's other half, the third
+                // slab, the ones just taken), each once.
+                unsafe { free_all(again) };
             },
         );
     }
