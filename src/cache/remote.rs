@@ -78,25 +78,22 @@ fn count_remote_free(class: usize) {
     }
 }
 
-/// Applies every queued remote free of `cache`. Returns the number of slabs processed.
+/// Applies every queued remote free of `cache`.
 ///
 /// # Safety
 /// - owner: `cache` is owned by the calling thread.
-pub(super) unsafe fn drain(cache: *mut Cache) -> usize {
+pub(super) unsafe fn drain(cache: *mut Cache) {
     // SAFETY: owner; each popped slab is a live slab of this cache with QUEUED set, which keeps it
     // alive until it is cleared here.
     unsafe {
         let mut s = (*cache).remote.swap(core::ptr::null_mut(), Ordering::Acquire);
-        let mut n = 0;
         while !s.is_null() {
             let next = (*s).shared.remote_next.load(Ordering::Relaxed);
             let summary = (*s).shared.remote.swap(0, Ordering::Acquire) & !QUEUED;
             apply(cache, s, summary);
             refile(s);
-            n += 1;
             s = next;
         }
-        n
     }
 }
 

@@ -286,6 +286,11 @@ fn fit_into(tensors: &[Tensor], placed: &mut Vec<Placed>, order: &[usize], best_
     top
 }
 
+/// The bytes a plan's tensors stick out above `bound`, summed (the local search's second criterion).
+fn overflow(tensors: &[Tensor], offsets: &[u64], bound: u64) -> u64 {
+    tensors.iter().zip(offsets).map(|(t, &o)| (o + t.size).saturating_sub(bound)).sum()
+}
+
 /// The lowest-offset [`decode`] of `order` for the local search, given that its first `keep` tensors
 /// are placed as in `prev` (the plan of an order with the same first `keep` tensors: the decoder
 /// places each tensor among those before it only, so they get the same offsets again). Returns the
@@ -563,13 +568,10 @@ fn local_search(
     if done.proven_optimal || n < 2 || *steps == 0 || Instant::now() >= until {
         return;
     }
-    let overflow = |offsets: &[u64]| -> u64 {
-        tensors.iter().zip(offsets).map(|(t, &o)| (o + t.size).saturating_sub(bound)).sum()
-    };
     let mut offsets = vec![0u64; n];
     let mut cur = from.order;
     let mut cur_size = decode(tensors, &cur, false, &mut offsets);
-    let mut cur_over = overflow(&offsets);
+    let mut cur_over = overflow(tensors, &offsets, bound);
     let mut cur_offsets = offsets.clone();
     let mut rng = Rng(seed | 1);
     let mut cand = cur.clone();
@@ -898,6 +900,7 @@ mod tests {
             assert!(s.arena_size >= s.lower_bound);
         }
     }
+
     #[test]
     fn the_local_search_decode_agrees_with_a_whole_decode() {
         let mut rng = Rng(7);
@@ -933,7 +936,7 @@ mod tests {
             }
             let mut whole = vec![0u64; n];
             let size = decode(&ts, &order, false, &mut whole);
-            let over: u64 = ts.iter().zip(&whole).map(|(x, &o)| (o + x.size).saturating_sub(bound)).sum();
+            let over = overflow(&ts, &whole, bound);
             let mut placed = Vec::new();
             let mut offs = vec![u64::MAX; n];
             let got = decode_from(&ts, &order, i.min(j), &prev, bound, (u64::MAX, u64::MAX), &mut placed, &mut offs);
