@@ -27,6 +27,7 @@
 mod arena;
 mod bnb;
 pub mod hard;
+mod tile;
 
 pub use arena::{ArenaError, PlannedArena};
 
@@ -457,6 +458,14 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     }
     let seeded = LocalSearch { order: cur, size: cur_size };
     let spent = |share: u32| start + budget.max_time * share / 10;
+    // Instances whose every op is full at the bound: a plan at the bound is a perfect tiling, which
+    // the PQ-tree search finds (or not) within a fifth of the time.
+    if let Some(offs) = tile::plan(tensors, bound, spent(2), budget.max_nodes) {
+        done.offsets = offs;
+        done.size = bound;
+        done.proven_optimal = true;
+        return done;
+    }
     if exact {
         // A better plan first (a tenth of the time), so that the proof has less to exclude.
         let mut steps = budget.max_steps;

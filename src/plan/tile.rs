@@ -1,0 +1,940 @@
+//! Plans at the bound for *full* instances: every op holds exactly the lower bound, so a plan at the
+//! bound is a perfect tiling — at every op the live tensors cover `[0, bound)` without a gap, and the
+//! plan is nothing but the order of the live tensors along the addresses at each op (offsets are the
+//! prefix sums of the sizes).
+//!
+//! **What a boundary asks.** Between two ops, the tensors that end (`E`) free address ranges that the
+//! tensors that start (`S`) must fill exactly: every maximal run of adjacent ending tensors is
+//! refilled by starting ones of the same total size, placed side by side in its span, and every other
+//! tensor keeps its place. So each boundary partitions `E` and `S` into *groups* of equal sums; a
+//! group's `E` tensors must be adjacent at the op before, and its `S` tensors then take their span in
+//! any order.
+//!
+//! **PQ-trees** (Booth and Lueker, 1976) represent every order of a set that keeps given subsets
+//! consecutive: a P-node's children in any order, a Q-node's in their order or reversed. Going
+//! through the boundaries in time, the tree holds every order of the live tensors that the
+//! boundaries so far allow: each group of a boundary is *reduced* (made consecutive; the reduction
+//! fails when no order allows it), then replaced by a P-node of its starting tensors — exactly what
+//! planarity testing does when it adds a vertex. This is how the search infers: a grouping that
+//! contradicts an earlier boundary fails at once, where the sweep of `bnb` would find out only
+//! after placing on.
+//!
+//! **Groupings.** At a boundary with few tensors, sizes rarely add up by chance and the groups are
+//! forced. The search takes, for the largest tensor of `E` not yet grouped, the sets of `E` and `S`
+//! with equal sums that hold it (at most `MAX_SIDE` a side, then the whole boundary), smallest
+//! first, and backtracks over these choices (and over the boundaries) when a reduction fails,
+//! within a node limit and a deadline. Where a dozen tensors end and a dozen start at once, small
+//! pieces let hundreds of sets add up by chance, and a wrong choice shows only boundaries later:
+//! the tiling instances of `hard` with 200 tensors and more are beyond it so far. It searches
+//! groups no coarser than the runs of a plan where they have at most `MAX_SIDE` members a side, so
+//! a failure proves nothing; finer groups than a plan's runs give a plan all the same.
+//!
+//! **The plan.** Going back from the last op, each op's order is read off the tree as it stood at
+//! that boundary, choosing the children's order of each node to agree with the next op's order
+//! (each group's tensors go where its starting tensors are). The plan is validated before it is
+//! returned, so a failure of any step only means "no plan found".
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::Tensor;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Leaf,
+    /// Children in any order (at least two).
+    P,
+    /// Children in this order or reversed (at least three once a reduction is done).
+    Q,
+}
+
+/// A node of a PQ-tree. Invariant: a leaf has no children and `leaf` is a tensor index; a P- or
+/// Q-node has at least two children (three for a Q-node, outside a reduction).
+#[derive(Clone, Debug)]
+struct Node {
+    kind: Kind,
+    leaf: u32,
+    children: Vec<u32>,
+}
+
+/// A PQ-tree over tensor indices, its nodes in an arena (`root` reaches every live node; others are
+/// garbage until [`Tree::compact`]). `cnt` and `tot` are scratch for a reduction: marked and all
+/// leaves under each node.
+#[derive(Clone, Debug)]
+struct Tree {
+    nodes: Vec<Node>,
+    root: u32,
+    cnt: Vec<u32>,
+    tot: Vec<u32>,
+}
+
+/// Where a reduced set lies: a node whose leaves are exactly the set, or a range of a Q-node's
+/// children.
+#[derive(Clone, Copy, Debug)]
+enum Block {
+    Node(u32),
+    Range(u32, usize, usize),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Label {
+    Empty,
+    Full,
+    /// A Q-node (or a node made one) whose marked leaves are its last children, all full.
+    Partial,
+}
+
+impl Tree {
+    fn new(leaves: &[u32]) -> Tree {
+        let mut t = Tree { nodes: Vec::new(), root: 0, cnt: Vec::new(), tot: Vec::new() };
+        t.root = t.fresh(leaves);
+        t
+    }
+
+    fn add(&mut self, node: Node) -> u32 {
+        self.nodes.push(node);
+        self.cnt.push(0);
+        self.tot.push(0);
+        (self.nodes.len() - 1) as u32
+    }
+
+    fn leaf(&mut self, tensor: u32) -> u32 {
+        let n = self.add(Node { kind: Kind::Leaf, leaf: tensor, children: Vec::new() });
+        self.tot[n as usize] = 1;
+        n
+    }
+
+    /// A node for `leaves` in any order: a leaf, or a P-node of leaves.
+    fn fresh(&mut self, leaves: &[u32]) -> u32 {
+        if leaves.len() == 1 {
+            return self.leaf(leaves[0]);
+        }
+        let children: Vec<u32> = leaves.iter().map(|&l| self.leaf(l)).collect();
+        let n = self.add(Node { kind: Kind::P, leaf: 0, children });
+        self.tot[n as usize] = leaves.len() as u32;
+        n
+    }
+
+    /// One node for `nodes` in any order: the node itself, or a new P-node over them.
+    fn group(&mut self, nodes: Vec<u32>) -> u32 {
+        if nodes.len() == 1 {
+            return nodes[0];
+        }
+        let (c, t) = nodes.iter().fold((0, 0), |(c, t), &n| (c + self.cnt[n as usize], t + self.tot[n as usize]));
+        let n = self.add(Node { kind: Kind::P, leaf: 0, children: nodes });
+        self.cnt[n as usize] = c;
+        self.tot[n as usize] = t;
+        n
+    }
+
+    /// Fills `cnt` (leaves with `marked`) and `tot` under every node reachable from the root.
+    fn count(&mut self, marked: &[bool]) {
+        fn go(t: &mut Tree, n: u32, marked: &[bool]) {
+            let (mut c, mut s) = (0, 0);
+            if t.nodes[n as usize].kind == Kind::Leaf {
+                c = marked[t.nodes[n as usize].leaf as usize] as u32;
+                s = 1;
+            } else {
+                for i in 0..t.nodes[n as usize].children.len() {
+                    let ch = t.nodes[n as usize].children[i];
+                    go(t, ch, marked);
+                    c += t.cnt[ch as usize];
+                    s += t.tot[ch as usize];
+                }
+            }
+            t.cnt[n as usize] = c;
+            t.tot[n as usize] = s;
+        }
+        go(self, self.root, marked);
+    }
+
+    /// The deepest node holding all `m` marked leaves (after [`Tree::count`]).
+    fn pertinent_root(&self, m: u32) -> u32 {
+        let mut r = self.root;
+        'down: loop {
+            for &c in &self.nodes[r as usize].children {
+                if self.cnt[c as usize] == m {
+                    r = c;
+                    continue 'down;
+                }
+            }
+            return r;
+        }
+    }
+
+    fn label(&self, n: u32) -> Label {
+        let (c, t) = (self.cnt[n as usize], self.tot[n as usize]);
+        if c == 0 {
+            Label::Empty
+        } else if c == t {
+            Label::Full
+        } else {
+            Label::Partial
+        }
+    }
+
+    /// Makes the `marked` leaves (`m` of them, at least one) consecutive in every order the tree
+    /// allows, keeping every order that has them so (Booth and Lueker's templates). Returns where
+    /// they lie, or `None` when no order has them consecutive (the tree is then left in an
+    /// unspecified state: callers reduce a copy).
+    fn reduce(&mut self, marked: &[bool], m: u32) -> Option<Block> {
+        self.count(marked);
+        let r = self.pertinent_root(m);
+        if self.label(r) == Label::Full {
+            return Some(Block::Node(r));
+        }
+        let block = self.reduce_root(r)?;
+        self.normalize();
+        Some(block)
+    }
+
+    /// Templates P3, P5 and Q2: makes the non-root node `x` (partial) a Q-node whose marked leaves
+    /// are its last children, all full.
+    fn reduce_inner(&mut self, x: u32) -> Option<()> {
+        let children = self.nodes[x as usize].children.clone();
+        for &c in &children {
+            if self.label(c) == Label::Partial {
+                self.reduce_inner(c)?;
+            }
+        }
+        let labels: Vec<Label> = children.iter().map(|&c| self.label(c)).collect();
+        let partial: Vec<u32> =
+            children.iter().zip(&labels).filter(|(_, &l)| l == Label::Partial).map(|(&c, _)| c).collect();
+        match self.nodes[x as usize].kind {
+            Kind::Leaf => unreachable!("a leaf is never partial"),
+            Kind::P => {
+                if partial.len() > 1 {
+                    return None;
+                }
+                let empty: Vec<u32> =
+                    children.iter().zip(&labels).filter(|(_, &l)| l == Label::Empty).map(|(&c, _)| c).collect();
+                let full: Vec<u32> =
+                    children.iter().zip(&labels).filter(|(_, &l)| l == Label::Full).map(|(&c, _)| c).collect();
+                let mut ch = Vec::new();
+                if !empty.is_empty() {
+                    ch.push(self.group(empty));
+                }
+                if let Some(&q) = partial.first() {
+                    ch.extend_from_slice(&self.nodes[q as usize].children.clone());
+                }
+                if !full.is_empty() {
+                    ch.push(self.group(full));
+                }
+                let n = &mut self.nodes[x as usize];
+                n.kind = Kind::Q;
+                n.children = ch;
+            }
+            Kind::Q => {
+                let mut children = children;
+                let mut labels = labels;
+                if !singly_partial(&labels) {
+                    labels.reverse();
+                    children.reverse();
+                    if !singly_partial(&labels) {
+                        return None;
+                    }
+                }
+                let mut ch = Vec::with_capacity(children.len() + 4);
+                for (&c, &l) in children.iter().zip(&labels) {
+                    if l == Label::Partial {
+                        ch.extend_from_slice(&self.nodes[c as usize].children.clone());
+                    } else {
+                        ch.push(c);
+                    }
+                }
+                self.nodes[x as usize].children = ch;
+            }
+        }
+        Some(())
+    }
+
+    /// Templates P2, P4, P6 and Q3 at the pertinent root `r` (partial).
+    fn reduce_root(&mut self, r: u32) -> Option<Block> {
+        let children = self.nodes[r as usize].children.clone();
+        for &c in &children {
+            if self.label(c) == Label::Partial {
+                self.reduce_inner(c)?;
+            }
+        }
+        let labels: Vec<Label> = children.iter().map(|&c| self.label(c)).collect();
+        match self.nodes[r as usize].kind {
+            Kind::Leaf => None,
+            Kind::P => {
+                let pick = |want: Label| -> Vec<u32> {
+                    children.iter().zip(&labels).filter(|(_, &l)| l == want).map(|(&c, _)| c).collect()
+                };
+                let (empty, full, partial) = (pick(Label::Empty), pick(Label::Full), pick(Label::Partial));
+                let q = match partial.len() {
+                    0 => {
+                        // P2: the full children under one node.
+                        let g = self.group(full);
+                        let mut ch = empty;
+                        ch.push(g);
+                        self.nodes[r as usize].children = ch;
+                        return Some(Block::Node(g));
+                    }
+                    1 => {
+                        // P4: the full children after the partial child's full end.
+                        let q = partial[0];
+                        if !full.is_empty() {
+                            let g = self.group(full);
+                            self.nodes[q as usize].children.push(g);
+                        }
+                        q
+                    }
+                    2 => {
+                        // P6: the two partial children joined, full ends facing, the full children
+                        // between them.
+                        let (a, b) = (partial[0], partial[1]);
+                        let mut ch = self.nodes[a as usize].children.clone();
+                        if !full.is_empty() {
+                            ch.push(self.group(full));
+                        }
+                        ch.extend(self.nodes[b as usize].children.iter().rev());
+                        self.add(Node { kind: Kind::Q, leaf: 0, children: ch })
+                    }
+                    _ => return None,
+                };
+                let target = if empty.is_empty() {
+                    // The root is that Q-node now.
+                    self.nodes[r as usize] = self.nodes[q as usize].clone();
+                    r
+                } else {
+                    let mut ch = empty;
+                    ch.push(q);
+                    self.nodes[r as usize].children = ch;
+                    q
+                };
+                self.full_range(target)
+            }
+            Kind::Q => {
+                // Q3: the non-empty children consecutive, full inside, partial at the two ends.
+                let first = labels.iter().position(|&l| l != Label::Empty)?;
+                let last = labels.iter().rposition(|&l| l != Label::Empty)?;
+                if first == last || labels[first + 1..last].iter().any(|&l| l != Label::Full) {
+                    return None;
+                }
+                let mut ch = Vec::with_capacity(children.len() + 8);
+                for (i, &c) in children.iter().enumerate() {
+                    if labels[i] == Label::Partial {
+                        let sub = self.nodes[c as usize].children.clone();
+                        if i == first {
+                            ch.extend(sub);
+                        } else {
+                            ch.extend(sub.into_iter().rev());
+                        }
+                    } else {
+                        ch.push(c);
+                    }
+                }
+                self.nodes[r as usize].children = ch;
+                self.full_range(r)
+            }
+        }
+    }
+
+    /// The range of `q`'s children that hold marked leaves, if they are all full and consecutive.
+    fn full_range(&self, q: u32) -> Option<Block> {
+        let ch = &self.nodes[q as usize].children;
+        let lo = ch.iter().position(|&c| self.cnt[c as usize] > 0)?;
+        let hi = ch.iter().rposition(|&c| self.cnt[c as usize] > 0)? + 1;
+        ch[lo..hi].iter().all(|&c| self.label(c) == Label::Full).then_some(Block::Range(q, lo, hi))
+    }
+
+    /// Where the `marked` leaves (`m`) lie, if they are consecutive in every order (after their
+    /// reduction).
+    fn locate(&mut self, marked: &[bool], m: u32) -> Option<Block> {
+        self.count(marked);
+        let r = self.pertinent_root(m);
+        match (self.label(r), self.nodes[r as usize].kind) {
+            (Label::Full, _) => Some(Block::Node(r)),
+            (_, Kind::Q) => self.full_range(r),
+            _ => None,
+        }
+    }
+
+    /// Puts a node for `leaves` (any order) where `block` is.
+    fn replace(&mut self, block: Block, leaves: &[u32]) {
+        let n = self.fresh(leaves);
+        match block {
+            Block::Node(at) => self.nodes[at as usize] = self.nodes[n as usize].clone(),
+            Block::Range(q, lo, hi) => {
+                let ch = &mut self.nodes[q as usize].children;
+                ch.splice(lo..hi, [n]);
+                if ch.len() == 2 {
+                    self.nodes[q as usize].kind = Kind::P;
+                }
+            }
+        }
+    }
+
+    /// Q-nodes of two children become P-nodes, nodes of one child that child.
+    fn normalize(&mut self) {
+        fn go(t: &mut Tree, n: u32) {
+            loop {
+                let node = &t.nodes[n as usize];
+                if node.kind != Kind::Leaf && node.children.len() == 1 {
+                    let c = node.children[0];
+                    t.nodes[n as usize] = t.nodes[c as usize].clone();
+                    continue;
+                }
+                break;
+            }
+            if t.nodes[n as usize].kind == Kind::Q && t.nodes[n as usize].children.len() == 2 {
+                t.nodes[n as usize].kind = Kind::P;
+            }
+            for i in 0..t.nodes[n as usize].children.len() {
+                let c = t.nodes[n as usize].children[i];
+                go(t, c);
+            }
+        }
+        go(self, self.root);
+    }
+
+    /// A copy holding only the nodes reachable from the root.
+    fn compact(&self) -> Tree {
+        fn go(src: &Tree, n: u32, dst: &mut Tree) -> u32 {
+            let node = &src.nodes[n as usize];
+            let children: Vec<u32> = node.children.iter().map(|&c| go(src, c, dst)).collect();
+            dst.add(Node { kind: node.kind, leaf: node.leaf, children })
+        }
+        let mut t = Tree { nodes: Vec::new(), root: 0, cnt: Vec::new(), tot: Vec::new() };
+        t.root = go(self, self.root, &mut t);
+        t
+    }
+
+    /// The leaves in an order the tree allows that agrees with `key` (each node's children by the
+    /// least key under them; a Q-node forwards or reversed), or `None` if a Q-node's children
+    /// disagree with every orientation.
+    fn frontier(&self, key: &dyn Fn(u32) -> u64) -> Option<Vec<u32>> {
+        fn go(t: &Tree, n: u32, key: &dyn Fn(u32) -> u64, out: &mut Vec<u32>) -> Option<u64> {
+            let node = &t.nodes[n as usize];
+            if node.kind == Kind::Leaf {
+                out.push(node.leaf);
+                return Some(key(node.leaf));
+            }
+            let mut parts: Vec<(u64, Vec<u32>)> = Vec::with_capacity(node.children.len());
+            for &c in &node.children {
+                let mut v = Vec::new();
+                let k = go(t, c, key, &mut v)?;
+                parts.push((k, v));
+            }
+            if node.kind == Kind::P {
+                parts.sort_by_key(|p| p.0);
+            } else if !parts.windows(2).all(|w| w[0].0 <= w[1].0) {
+                parts.reverse();
+                if !parts.windows(2).all(|w| w[0].0 <= w[1].0) {
+                    return None;
+                }
+            }
+            let least = parts[0].0;
+            for (_, v) in parts {
+                out.extend(v);
+            }
+            Some(least)
+        }
+        let mut out = Vec::new();
+        go(self, self.root, key, &mut out)?;
+        Some(out)
+    }
+}
+
+/// Labels of a non-root node's children that make it singly partial: empty ones, at most one
+/// partial, then full ones.
+fn singly_partial(labels: &[Label]) -> bool {
+    let mut stage = 0; // 0: empties, 1: after the partial or among fulls
+    for &l in labels {
+        match (stage, l) {
+            (0, Label::Empty) => {}
+            (0, _) => stage = 1,
+            (1, Label::Full) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// One boundary between ops: the tensors that end before it and those that start at it.
+struct Boundary {
+    ends: Vec<u32>,
+    starts: Vec<u32>,
+}
+
+/// A boundary's grouping as it was applied: the tree reduced (before the replacements), and each
+/// group's starting tensors.
+struct Applied {
+    reduced: Tree,
+    groups: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+struct Search<'a> {
+    tensors: &'a [Tensor],
+    bounds: Vec<Boundary>,
+    marked: Vec<bool>,
+    nodes: u64,
+    max_nodes: u64,
+    deadline: Instant,
+    out_of_time: bool,
+    applied: Vec<Applied>,
+    /// The tree after the last boundary, once every boundary was applied.
+    final_tree: Option<Tree>,
+}
+
+impl Search<'_> {
+    fn spend(&mut self) -> bool {
+        self.nodes += 1;
+        // The clock every node: a node lists its boundary's groups, which costs far more.
+        if self.nodes >= self.max_nodes || Instant::now() >= self.deadline {
+            self.out_of_time = true;
+        }
+        !self.out_of_time
+    }
+
+    fn reduce(&mut self, tree: &mut Tree, set: &[u32]) -> Option<Block> {
+        for &i in set {
+            self.marked[i as usize] = true;
+        }
+        let b = tree.reduce(&self.marked, set.len() as u32);
+        for &i in set {
+            self.marked[i as usize] = false;
+        }
+        b
+    }
+
+    /// Boundaries `k..` from `tree`: true when all of them were applied (`applied` then holds one
+    /// entry per boundary).
+    fn boundary(&mut self, k: usize, tree: Tree) -> bool {
+        if k == self.bounds.len() {
+            self.final_tree = Some(tree);
+            return true;
+        }
+        let ends = self.bounds[k].ends.clone();
+        let starts = self.bounds[k].starts.clone();
+        let mut groups = Vec::new();
+        self.group(k, tree, &ends, &starts, &mut groups)
+    }
+
+    /// Groups the remaining `ends` and `starts` of boundary `k`, then goes on to the next boundary.
+    fn group(
+        &mut self,
+        k: usize,
+        tree: Tree,
+        ends: &[u32],
+        starts: &[u32],
+        chosen: &mut Vec<(Vec<u32>, Vec<u32>)>,
+    ) -> bool {
+        if ends.is_empty() {
+            if !starts.is_empty() {
+                return false;
+            }
+            let reduced = tree.compact();
+            let mut next = reduced.clone();
+            for (e, s) in chosen.iter() {
+                for &i in e {
+                    self.marked[i as usize] = true;
+                }
+                let at = next.locate(&self.marked, e.len() as u32);
+                for &i in e {
+                    self.marked[i as usize] = false;
+                }
+                let Some(at) = at else { return false };
+                next.replace(at, s);
+                next.normalize();
+            }
+            self.applied.push(Applied { reduced, groups: chosen.clone() });
+            if self.boundary(k + 1, next.compact()) {
+                return true;
+            }
+            self.applied.pop();
+            return false;
+        }
+        let cands = candidates(self.tensors, ends, starts);
+        for (e, s) in cands {
+            if !self.spend() {
+                return false;
+            }
+            let mut t = tree.clone();
+            if self.reduce(&mut t, &e).is_none() {
+                continue;
+            }
+            let rest_e: Vec<u32> = ends.iter().copied().filter(|i| !e.contains(i)).collect();
+            let rest_s: Vec<u32> = starts.iter().copied().filter(|i| !s.contains(i)).collect();
+            chosen.push((e, s));
+            if self.group(k, t, &rest_e, &rest_s, chosen) {
+                return true;
+            }
+            chosen.pop();
+            if self.out_of_time {
+                return false;
+            }
+        }
+        false
+    }
+}
+
+/// `v` sorted by size, largest first (then last op, index).
+fn by_size(tensors: &[Tensor], v: &[u32]) -> Vec<u32> {
+    let mut v = v.to_vec();
+    v.sort_by_key(|&i| (std::cmp::Reverse(tensors[i as usize].size), tensors[i as usize].last, i));
+    v
+}
+
+/// Members of a group searched on either side of a boundary (the whole boundary is always a
+/// candidate too), and subsets enumerated on each side.
+const MAX_SIDE: usize = 5;
+const MAX_SUBSETS: usize = 20_000;
+
+/// The groups of a boundary that may hold `ends[0]`: subsets of `ends` holding it and of `starts`
+/// with the same total size (at most `MAX_SIDE` members a side), fewest members first, then both
+/// sides whole. Of starting tensors alike in size and last op, one order only. Not reduced: the
+/// search reduces each in turn, and the first that reduces usually leads on.
+fn candidates(tensors: &[Tensor], ends: &[u32], starts: &[u32]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let size = |i: u32| tensors[i as usize].size;
+    let alike = |a: u32, b: u32| size(a) == size(b) && tensors[a as usize].last == tensors[b as usize].last;
+    let s_sorted = by_size(tensors, starts);
+    let mut by_sum: HashMap<u64, Vec<Vec<u32>>> = HashMap::new();
+    let mut budget = MAX_SUBSETS;
+    #[allow(clippy::too_many_arguments)]
+    fn subsets(
+        s: &[u32],
+        from: usize,
+        pick: &mut Vec<usize>,
+        sum: u64,
+        size: &dyn Fn(u32) -> u64,
+        alike: &dyn Fn(u32, u32) -> bool,
+        budget: &mut usize,
+        out: &mut HashMap<u64, Vec<Vec<u32>>>,
+    ) {
+        if !pick.is_empty() {
+            out.entry(sum).or_default().push(pick.iter().map(|&k| s[k]).collect());
+        }
+        if pick.len() == MAX_SIDE {
+            return;
+        }
+        for k in from..s.len() {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            if k > from && alike(s[k - 1], s[k]) {
+                continue;
+            }
+            pick.push(k);
+            subsets(s, k + 1, pick, sum + size(s[k]), size, alike, budget, out);
+            pick.pop();
+        }
+    }
+    subsets(&s_sorted, 0, &mut Vec::new(), 0, &size, &alike, &mut budget, &mut by_sum);
+    let mut out: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    let (first, others) = (ends[0], &ends[1..]);
+    let mut budget = MAX_SUBSETS;
+    #[allow(clippy::too_many_arguments)]
+    fn e_subsets(
+        others: &[u32],
+        from: usize,
+        pick: &mut Vec<usize>,
+        sum: u64,
+        first: u32,
+        size: &dyn Fn(u32) -> u64,
+        by_sum: &HashMap<u64, Vec<Vec<u32>>>,
+        budget: &mut usize,
+        out: &mut Vec<(Vec<u32>, Vec<u32>)>,
+    ) {
+        if let Some(list) = by_sum.get(&sum) {
+            let mut e = vec![first];
+            e.extend(pick.iter().map(|&k| others[k]));
+            for s in list {
+                out.push((e.clone(), s.clone()));
+            }
+        }
+        if pick.len() + 1 == MAX_SIDE {
+            return;
+        }
+        for k in from..others.len() {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            pick.push(k);
+            e_subsets(others, k + 1, pick, sum + size(others[k]), first, size, by_sum, budget, out);
+            pick.pop();
+        }
+    }
+    e_subsets(others, 0, &mut Vec::new(), size(first), first, &size, &by_sum, &mut budget, &mut out);
+    out.sort_by_key(|(e, s)| e.len() + s.len());
+    if !out.iter().any(|c| c.0.len() == ends.len() && c.1.len() == starts.len()) {
+        out.push((ends.to_vec(), starts.to_vec()));
+    }
+    out
+}
+
+/// A plan of `bound` bytes for an instance whose every op between its first and last holds exactly
+/// `bound` bytes, or `None` (not such an instance, no plan found within `max_nodes` groupings tried
+/// or by `deadline`, or alignments that the tiling breaks).
+///
+/// Half of the time (and of the nodes) goes to the search forward in time, the rest to the same
+/// search on the instance reversed in time (each tensor's ops mirrored: the same plans, but the
+/// boundaries' groups come in the other order, and each direction ends at the bound on instances
+/// where the other does not).
+pub(super) fn plan(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64) -> Option<Vec<u64>> {
+    if tensors.is_empty() || tensors.len() > MAX_TENSORS || bound == 0 {
+        return None;
+    }
+    let now = Instant::now();
+    let mid = now + deadline.saturating_duration_since(now) / 2;
+    if let Some(offsets) = one_way(tensors, bound, mid, max_nodes / 2) {
+        return Some(offsets);
+    }
+    let last = tensors.iter().map(|t| t.last).max()?;
+    let mirrored: Vec<Tensor> =
+        tensors.iter().map(|t| Tensor { first: last - t.last, last: last - t.first, ..t.clone() }).collect();
+    one_way(&mirrored, bound, deadline, max_nodes - max_nodes / 2)
+}
+
+/// Tensors beyond which the search is not tried: it recurses once per group, and an instance has
+/// about as many groups as tensors.
+const MAX_TENSORS: usize = 1000;
+
+/// The search of [`plan`], forward in time.
+fn one_way(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64) -> Option<Vec<u64>> {
+    let n = tensors.len();
+    let live: Vec<u32> = (0..n as u32).filter(|&i| tensors[i as usize].size > 0).collect();
+    let mut points: Vec<u64> = Vec::with_capacity(live.len() * 2);
+    for &i in &live {
+        let t = &tensors[i as usize];
+        points.push(t.first as u64);
+        points.push(t.last as u64 + 1);
+    }
+    points.sort_unstable();
+    points.dedup();
+    // Every stretch between two points holds exactly the bound.
+    let mut delta: HashMap<u64, i128> = HashMap::new();
+    for &i in &live {
+        let t = &tensors[i as usize];
+        *delta.entry(t.first as u64).or_default() += t.size as i128;
+        *delta.entry(t.last as u64 + 1).or_default() -= t.size as i128;
+    }
+    let mut sum: i128 = 0;
+    for &p in &points[..points.len() - 1] {
+        sum += delta[&p];
+        if sum != bound as i128 {
+            return None;
+        }
+    }
+    let at = |p: u64| points.binary_search(&p).ok();
+    let mut bounds: Vec<Boundary> =
+        (0..points.len()).map(|_| Boundary { ends: Vec::new(), starts: Vec::new() }).collect();
+    for &i in &live {
+        let t = &tensors[i as usize];
+        bounds[at(t.first as u64)?].starts.push(i);
+        bounds[at(t.last as u64 + 1)?].ends.push(i);
+    }
+    // The first point only starts tensors, the last only ends them.
+    let first = std::mem::take(&mut bounds[0].starts);
+    bounds.pop();
+    bounds.remove(0);
+    for b in &mut bounds {
+        b.ends.sort_by_key(|&i| (std::cmp::Reverse(tensors[i as usize].size), i));
+    }
+    let mut s = Search {
+        tensors,
+        bounds,
+        marked: vec![false; n],
+        nodes: 0,
+        max_nodes,
+        deadline,
+        out_of_time: false,
+        applied: Vec::new(),
+        final_tree: None,
+    };
+    if !s.boundary(0, Tree::new(&first)) {
+        return None;
+    }
+    // Back from the last op: each op's order read off the tree reduced at the boundary after it.
+    let final_tree = s.final_tree.take()?;
+    let mut order = final_tree.frontier(&|_| 0)?;
+    let mut offsets = vec![0u64; n];
+    let set_offsets = |order: &[u32], offsets: &mut [u64]| {
+        let mut at = 0;
+        for &i in order {
+            offsets[i as usize] = at;
+            at += tensors[i as usize].size;
+        }
+    };
+    set_offsets(&order, &mut offsets);
+    let mut pos = vec![u64::MAX; n];
+    for applied in s.applied.iter().rev() {
+        for (k, &i) in order.iter().enumerate() {
+            pos[i as usize] = k as u64;
+        }
+        // Each ending tensor goes where its group's starting tensors are.
+        for (e, st) in &applied.groups {
+            let p = st.iter().map(|&i| pos[i as usize]).min()?;
+            for &i in e {
+                pos[i as usize] = p;
+            }
+        }
+        order = applied.reduced.frontier(&|i| pos[i as usize])?;
+        set_offsets(&order, &mut offsets);
+    }
+    // A tensor that lives across boundaries had its offset set at each of them; the first op's
+    // order set the offsets of the tensors that start there, and every later one was set at the
+    // boundary where it started or later (and must agree, which the validation checks).
+    super::validate(tensors, &offsets, bound).ok()?;
+    Some(offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::hard::{guillotine, tiling, HardSpec};
+    use super::super::Rng;
+    use super::*;
+    use std::time::Duration;
+
+    /// Every permutation of `items`.
+    fn perms(items: &[u32]) -> Vec<Vec<u32>> {
+        if items.len() <= 1 {
+            return vec![items.to_vec()];
+        }
+        let mut out = Vec::new();
+        for k in 0..items.len() {
+            let mut rest = items.to_vec();
+            let x = rest.remove(k);
+            for mut p in perms(&rest) {
+                p.insert(0, x);
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// The orders of `leaves` that `t` allows: those that its frontier reproduces when each node
+    /// follows the order's positions.
+    fn allowed(t: &Tree, leaves: &[u32]) -> Vec<Vec<u32>> {
+        let mut out: Vec<Vec<u32>> = perms(leaves)
+            .into_iter()
+            .filter(|p| {
+                let pos = |i: u32| p.iter().position(|&x| x == i).unwrap() as u64;
+                t.frontier(&pos).as_ref() == Some(p)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn consecutive(p: &[u32], set: &[u32]) -> bool {
+        let at: Vec<usize> = p.iter().enumerate().filter(|(_, x)| set.contains(x)).map(|(k, _)| k).collect();
+        at.last().unwrap() - at[0] + 1 == set.len()
+    }
+
+    /// Reductions and replacements on random sets against every permutation: the tree allows
+    /// exactly the orders that keep each reduced set consecutive, with each replaced block's
+    /// members in any order in its place.
+    #[test]
+    fn the_tree_allows_exactly_the_orders_that_the_constraints_allow() {
+        let mut r = Rng(0x51CE);
+        for _ in 0..300 {
+            let mut leaves: Vec<u32> = (0..5).collect();
+            let mut next = 5u32;
+            let mut t = Tree::new(&leaves);
+            let mut orders = perms(&leaves);
+            let mut marked = vec![false; 64];
+            for _ in 0..6 {
+                if leaves.len() < 2 {
+                    break;
+                }
+                // A random set of the live leaves, reduced.
+                let k = 2 + r.below(leaves.len() - 1);
+                let mut set = leaves.clone();
+                while set.len() > k {
+                    set.remove(r.below(set.len()));
+                }
+                set.iter().for_each(|&i| marked[i as usize] = true);
+                let got = t.reduce(&marked, set.len() as u32);
+                set.iter().for_each(|&i| marked[i as usize] = false);
+                orders.retain(|p| consecutive(p, &set));
+                orders.sort();
+                if got.is_none() {
+                    assert!(orders.is_empty(), "the reduction of {set:?} failed, yet {} orders keep it", orders.len());
+                    break;
+                }
+                assert_eq!(allowed(&t, &leaves), orders, "after reducing {set:?}");
+                // Sometimes the set is replaced by one to three new leaves.
+                if r.below(2) == 0 && leaves.len() < 7 {
+                    let fresh: Vec<u32> = (next..next + 1 + r.below(3) as u32).collect();
+                    next += fresh.len() as u32;
+                    set.iter().for_each(|&i| marked[i as usize] = true);
+                    let at = t.locate(&marked, set.len() as u32).expect("a reduced set is located");
+                    set.iter().for_each(|&i| marked[i as usize] = false);
+                    t.replace(at, &fresh);
+                    t.normalize();
+                    t = t.compact();
+                    let mut new_orders = Vec::new();
+                    for p in &orders {
+                        let lo = p.iter().position(|x| set.contains(x)).unwrap();
+                        for f in perms(&fresh) {
+                            let mut q = p[..lo].to_vec();
+                            q.extend(f);
+                            q.extend_from_slice(&p[lo + set.len()..]);
+                            new_orders.push(q);
+                        }
+                    }
+                    new_orders.sort();
+                    new_orders.dedup();
+                    orders = new_orders;
+                    leaves.retain(|x| !set.contains(x));
+                    leaves.extend(&fresh);
+                    assert_eq!(allowed(&t, &leaves), orders, "after replacing {set:?} with {fresh:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn full_instances_are_tiled_at_the_bound() {
+        // Within a node limit, not a time: the test checks what the search finds, not how fast.
+        let far = Instant::now() + Duration::from_secs(600);
+        for seed in 0..3 {
+            for n in [40, 100] {
+                let spec = HardSpec::new(n, seed);
+                for (kind, ts) in [("tiling", tiling(spec)), ("guillotine", guillotine(spec))] {
+                    let offsets = plan(&ts, spec.bound, far, 200_000)
+                        .unwrap_or_else(|| panic!("{kind} {n}/{seed}: no plan at the bound"));
+                    super::super::validate(&ts, &offsets, spec.bound).unwrap();
+                }
+            }
+        }
+        // One that only the search backwards in time solves within its half of the nodes.
+        // A plan of the instance mirrored in time is a plan of the instance: the same tensors
+        // overlap.
+        let spec = HardSpec::new(40, 0);
+        let ts = tiling(spec);
+        let last = ts.iter().map(|t| t.last).max().unwrap();
+        let mirrored: Vec<Tensor> =
+            ts.iter().map(|t| Tensor { first: last - t.last, last: last - t.first, ..t.clone() }).collect();
+        let offsets = one_way(&mirrored, spec.bound, far, 200_000).expect("the mirrored instance tiled");
+        super::super::validate(&ts, &offsets, spec.bound).unwrap();
+    }
+
+    #[test]
+    fn instances_with_room_to_spare_are_left_to_the_other_searches() {
+        let spec = HardSpec::new(40, 1);
+        let mut ts = tiling(spec);
+        let far = Instant::now() + Duration::from_secs(600);
+        assert!(plan(&ts, spec.bound, far, 200_000).is_some());
+        // One op with a tensor fewer: no op may have room.
+        let k = ts.iter().position(|t| t.first == t.last).unwrap_or(0);
+        ts[k].size /= 2;
+        assert!(plan(&ts, super::super::lower_bound(&ts), far, 200_000).is_none());
+        // A gap between two ops where nothing lives.
+        let ts = vec![Tensor::new("a", 64, 0, 1), Tensor::new("b", 64, 3, 4)];
+        assert!(plan(&ts, 64, far, 1000).is_none());
+        // Every op full: a plan, and an alignment the tiling breaks: none.
+        let mut ts = vec![Tensor::new("a", 48, 0, 1), Tensor::new("b", 16, 0, 0), Tensor::new("c", 16, 1, 1)];
+        assert_eq!(plan(&ts, 64, far, 1000).map(|o| o.len()), Some(3));
+        ts[0].align = 64;
+        ts[1].align = 64;
+        ts[2].align = 64;
+        assert!(plan(&ts, 64, far, 1000).is_none());
+    }
+}
