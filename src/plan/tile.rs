@@ -723,6 +723,9 @@ const MAX_TENSORS: usize = 1000;
 fn one_way(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64, limits: Limits) -> Option<Vec<u64>> {
     let n = tensors.len();
     let live: Vec<u32> = (0..n as u32).filter(|&i| tensors[i as usize].size > 0).collect();
+    if live.is_empty() {
+        return None;
+    }
     let mut points: Vec<u64> = Vec::with_capacity(live.len() * 2);
     for &i in &live {
         let t = &tensors[i as usize];
@@ -958,6 +961,8 @@ mod tests {
         let k = ts.iter().position(|t| t.first == t.last).unwrap_or(0);
         ts[k].size /= 2;
         assert!(plan(&ts, super::super::lower_bound(&ts), far, 200_000).is_none());
+        // Nothing but empty tensors.
+        assert!(plan(&[Tensor::new("z", 0, 0, 3)], 64, far, 1000).is_none());
         // A gap between two ops where nothing lives.
         let ts = vec![Tensor::new("a", 64, 0, 1), Tensor::new("b", 64, 3, 4)];
         assert!(plan(&ts, 64, far, 1000).is_none());
