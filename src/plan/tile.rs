@@ -201,7 +201,8 @@ impl Tree {
         let partial: Vec<u32> =
             children.iter().zip(&labels).filter(|(_, &l)| l == Label::Partial).map(|(&c, _)| c).collect();
         match self.nodes[x as usize].kind {
-            Kind::Leaf => unreachable!("a leaf is never partial"),
+            // A leaf is full or empty, never partial.
+            Kind::Leaf => return None,
             Kind::P => {
                 if partial.len() > 1 {
                     return None;
@@ -467,6 +468,12 @@ struct Applied {
     groups: Vec<(Vec<u32>, Vec<u32>)>,
 }
 
+/// The search over groupings.
+///
+/// Invariants: `marked` is all false between calls (each use marks a set and clears it);
+/// `applied[j]` is what was applied at boundary `j`, for every boundary before the one being
+/// grouped; `final_tree` is set only once every boundary was applied; once `out_of_time` is set
+/// (`max_nodes` spent or `deadline` passed), every call returns failure.
 struct Search<'a> {
     tensors: &'a [Tensor],
     bounds: Vec<Boundary>,
