@@ -476,7 +476,7 @@ struct Applied {
 /// (`max_nodes` spent or `deadline` passed), every call returns failure.
 struct Search<'a> {
     tensors: &'a [Tensor],
-    bounds: Vec<Boundary>,
+    bounds: &'a [Boundary],
     marked: Vec<bool>,
     nodes: u64,
     max_nodes: u64,
@@ -505,15 +505,20 @@ impl Search<'_> {
         !self.out_of_time
     }
 
-    fn reduce(&mut self, tree: &mut Tree, set: &[u32]) -> Option<Block> {
+    /// `f` of `marked` with the tensors of `set` marked (and unmarked again after).
+    fn with_marked<R>(&mut self, set: &[u32], f: impl FnOnce(&[bool]) -> R) -> R {
         for &i in set {
             self.marked[i as usize] = true;
         }
-        let b = tree.reduce(&self.marked, set.len() as u32);
+        let r = f(&self.marked);
         for &i in set {
             self.marked[i as usize] = false;
         }
-        b
+        r
+    }
+
+    fn reduce(&mut self, tree: &mut Tree, set: &[u32]) -> Option<Block> {
+        self.with_marked(set, |marked| tree.reduce(marked, set.len() as u32))
     }
 
     /// Boundaries `k..` from `tree`: true when all of them were applied (`applied` then holds one
@@ -545,14 +550,9 @@ impl Search<'_> {
             let reduced = tree.compact();
             let mut next = reduced.clone();
             for (e, s) in chosen.iter() {
-                for &i in e {
-                    self.marked[i as usize] = true;
-                }
-                let at = next.locate(&self.marked, e.len() as u32);
-                for &i in e {
-                    self.marked[i as usize] = false;
-                }
-                let Some(at) = at else { return false };
+                let Some(at) = self.with_marked(e, |marked| next.locate(marked, e.len() as u32)) else {
+                    return false;
+                };
                 next.replace(at, s);
                 next.normalize();
             }
@@ -694,24 +694,94 @@ pub(super) fn plan(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes:
     if tensors.is_empty() || tensors.len() > MAX_TENSORS || bound == 0 {
         return None;
     }
-    let last = tensors.iter().map(|t| t.last).max()?;
-    let mirrored: Vec<Tensor> =
-        tensors.iter().map(|t| Tensor { first: last - t.last, last: last - t.first, ..t.clone() }).collect();
+    let forwards = ops(tensors, bound)?;
+    // The mirrored instance, made when its first run comes.
+    let mut backwards: Option<(Vec<Tensor>, Ops)> = None;
     let runs = SCHEDULE.len() as u32 * 2;
     let now = Instant::now();
     let slice = deadline.saturating_duration_since(now) / runs;
     let mut k = 0;
     for &(e, s) in SCHEDULE {
-        for ts in [tensors, &mirrored[..]] {
+        for mirror in [false, true] {
             k += 1;
             let until = if k == runs { deadline } else { now + slice * k };
+            let (ts, o) = if mirror {
+                if backwards.is_none() {
+                    let m = mirrored(tensors);
+                    let o = ops(&m, bound)?;
+                    backwards = Some((m, o));
+                }
+                let (m, o) = backwards.as_ref()?;
+                (&m[..], o)
+            } else {
+                (tensors, &forwards)
+            };
             let limits = Limits { ends: e, starts: s };
-            if let Some(offsets) = one_way(ts, bound, until, max_nodes / runs as u64, limits) {
+            if let Some(offsets) = one_way(ts, o, bound, until, max_nodes / runs as u64, limits) {
                 return Some(offsets);
             }
         }
     }
     None
+}
+
+/// The instance mirrored in time: each tensor's ops reversed (the same tensors overlap, so a plan
+/// of one is a plan of the other). Names are left out.
+fn mirrored(tensors: &[Tensor]) -> Vec<Tensor> {
+    let last = tensors.iter().map(|t| t.last).max().unwrap_or(0);
+    tensors
+        .iter()
+        .map(|t| Tensor { id: String::new(), size: t.size, first: last - t.last, last: last - t.first, align: t.align })
+        .collect()
+}
+
+/// An instance's ops as the search goes through them: the tensors live at the first op, and the
+/// boundaries after it (each boundary's ending tensors largest first).
+struct Ops {
+    first: Vec<u32>,
+    bounds: Vec<Boundary>,
+}
+
+/// The ops of an instance whose every op between its first and last holds exactly `bound` bytes,
+/// or `None` (one with room at some op, or nothing but empty tensors).
+fn ops(tensors: &[Tensor], bound: u64) -> Option<Ops> {
+    let live: Vec<u32> = (0..tensors.len() as u32).filter(|&i| tensors[i as usize].size > 0).collect();
+    let mut points: Vec<u64> = Vec::with_capacity(live.len() * 2);
+    for &i in &live {
+        let t = &tensors[i as usize];
+        points.push(t.first as u64);
+        points.push(t.last as u64 + 1);
+    }
+    points.sort_unstable();
+    points.dedup();
+    let at = |p: u64| points.binary_search(&p).ok();
+    let mut bounds: Vec<Boundary> =
+        (0..points.len()).map(|_| Boundary { ends: Vec::new(), starts: Vec::new() }).collect();
+    for &i in &live {
+        let t = &tensors[i as usize];
+        bounds[at(t.first as u64)?].starts.push(i);
+        bounds[at(t.last as u64 + 1)?].ends.push(i);
+    }
+    // Every stretch between two points holds exactly the bound (the last point only ends tensors).
+    let size = |v: &[u32]| v.iter().map(|&i| tensors[i as usize].size as i128).sum::<i128>();
+    let mut sum: i128 = 0;
+    for b in bounds.iter().take(points.len().saturating_sub(1)) {
+        sum += size(&b.starts) - size(&b.ends);
+        if sum != bound as i128 {
+            return None;
+        }
+    }
+    if bounds.len() < 2 {
+        return None;
+    }
+    // The first point only starts tensors, the last only ends them.
+    let first = std::mem::take(&mut bounds[0].starts);
+    bounds.pop();
+    bounds.remove(0);
+    for b in &mut bounds {
+        b.ends.sort_by_key(|&i| (std::cmp::Reverse(tensors[i as usize].size), i));
+    }
+    Some(Ops { first, bounds })
 }
 
 /// The group limits of the runs (each forwards, then mirrored), the time split evenly: at most 7
@@ -726,53 +796,19 @@ const SCHEDULE: &[(usize, usize)] = &[(7, 3), (5, 5)];
 /// about as many groups as tensors.
 const MAX_TENSORS: usize = 1000;
 
-/// The search of [`plan`], forward in time.
-fn one_way(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64, limits: Limits) -> Option<Vec<u64>> {
+/// The search of [`plan`], forward in time, through the instance's `ops`.
+fn one_way(
+    tensors: &[Tensor],
+    ops: &Ops,
+    bound: u64,
+    deadline: Instant,
+    max_nodes: u64,
+    limits: Limits,
+) -> Option<Vec<u64>> {
     let n = tensors.len();
-    let live: Vec<u32> = (0..n as u32).filter(|&i| tensors[i as usize].size > 0).collect();
-    if live.is_empty() {
-        return None;
-    }
-    let mut points: Vec<u64> = Vec::with_capacity(live.len() * 2);
-    for &i in &live {
-        let t = &tensors[i as usize];
-        points.push(t.first as u64);
-        points.push(t.last as u64 + 1);
-    }
-    points.sort_unstable();
-    points.dedup();
-    // Every stretch between two points holds exactly the bound.
-    let mut delta: HashMap<u64, i128> = HashMap::new();
-    for &i in &live {
-        let t = &tensors[i as usize];
-        *delta.entry(t.first as u64).or_default() += t.size as i128;
-        *delta.entry(t.last as u64 + 1).or_default() -= t.size as i128;
-    }
-    let mut sum: i128 = 0;
-    for &p in &points[..points.len() - 1] {
-        sum += delta[&p];
-        if sum != bound as i128 {
-            return None;
-        }
-    }
-    let at = |p: u64| points.binary_search(&p).ok();
-    let mut bounds: Vec<Boundary> =
-        (0..points.len()).map(|_| Boundary { ends: Vec::new(), starts: Vec::new() }).collect();
-    for &i in &live {
-        let t = &tensors[i as usize];
-        bounds[at(t.first as u64)?].starts.push(i);
-        bounds[at(t.last as u64 + 1)?].ends.push(i);
-    }
-    // The first point only starts tensors, the last only ends them.
-    let first = std::mem::take(&mut bounds[0].starts);
-    bounds.pop();
-    bounds.remove(0);
-    for b in &mut bounds {
-        b.ends.sort_by_key(|&i| (std::cmp::Reverse(tensors[i as usize].size), i));
-    }
     let mut s = Search {
         tensors,
-        bounds,
+        bounds: &ops.bounds,
         marked: vec![false; n],
         nodes: 0,
         max_nodes,
@@ -782,7 +818,7 @@ fn one_way(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64, li
         final_tree: None,
         limits,
     };
-    if !s.boundary(0, Tree::new(&first)) {
+    if !s.boundary(0, Tree::new(&ops.first)) {
         return None;
     }
     // Back from the last op: each op's order read off the tree reduced at the boundary after it.
@@ -950,10 +986,9 @@ mod tests {
         // overlap.
         let spec = HardSpec::new(40, 0);
         let ts = tiling(spec);
-        let last = ts.iter().map(|t| t.last).max().unwrap();
-        let mirrored: Vec<Tensor> =
-            ts.iter().map(|t| Tensor { first: last - t.last, last: last - t.first, ..t.clone() }).collect();
-        let offsets = one_way(&mirrored, spec.bound, far, 200_000, Limits { ends: 7, starts: 3 })
+        let m = mirrored(&ts);
+        let ops = ops(&m, spec.bound).expect("the mirrored instance is full");
+        let offsets = one_way(&m, &ops, spec.bound, far, 200_000, Limits { ends: 7, starts: 3 })
             .expect("the mirrored instance tiled");
         super::super::validate(&ts, &offsets, spec.bound).unwrap();
     }
