@@ -821,18 +821,26 @@ impl Inner {
                             return Err(Miss::Grow(g));
                         }
                     }
-                    // The region cannot grow (the OS refused, or it is full): purge every free page
-                    // (a refusal then leaves as little resident as possible) and look once more.
-                    if !purged && self.dirty_free() > 0 {
-                        self.purge_all();
-                        purged = true;
-                        continue;
+                    // The region cannot grow (the OS refused, or it is full). A run may still lie
+                    // over free blocks end to end that no block of its order holds: the slow, whole
+                    // look ([`Buddy::span_any`]) first, while their resident pages are there to reuse.
+                    let spanned = if large && order == MIN_ORDER { self.buddy.span_any(run) } else { None };
+                    if spanned.is_some() {
+                        spanned
+                    } else {
+                        // Nothing: purge every free page (a refusal then leaves as little resident
+                        // as possible) and look once more.
+                        if !purged && self.dirty_free() > 0 {
+                            self.purge_all();
+                            purged = true;
+                            continue;
+                        }
+                        // Blocks out for purging may serve it once back.
+                        if self.in_flight > 0 {
+                            return Err(Miss::Busy);
+                        }
+                        None
                     }
-                    // Blocks out for purging may serve it once back.
-                    if self.in_flight > 0 {
-                        return Err(Miss::Busy);
-                    }
-                    None
                 }
             };
             let Some((idx, flags)) = got else {

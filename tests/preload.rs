@@ -427,10 +427,15 @@ fn start_up_under_an_address_space_limit_leaves_errno_alone() {
 
 /// Runs `args` under `ulimit -v kb`, on glibc or on edgepool, and returns its stdout.
 fn under_limit(kb: u64, preload: bool, args: &[&str]) -> String {
+    under_limit_with(kb, preload, &[], args)
+}
+
+/// [`under_limit`] with `env` set.
+fn under_limit_with(kb: u64, preload: bool, env: &[(&str, &str)], args: &[&str]) -> String {
     let script = format!("ulimit -v {kb} && exec \"$@\"");
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script, "sh"]).args(args);
-    let out = run_with(&mut cmd, preload, &[]);
+    let out = run_with(&mut cmd, preload, env);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -471,6 +476,29 @@ fn address_space_limits_serve_about_what_glibc_serves() {
     assert!(ls.lines().any(|l| l == "usr"), "{ls}");
     let py = under_limit(50_000, true, &["python3", "-c", "print(sum(len(bytes(i % 4000)) for i in range(100000)))"]);
     assert_eq!(py.trim(), (0..100_000u64).map(|i| i % 4000).sum::<u64>().to_string());
+}
+
+#[test]
+fn freed_runs_serve_runs_of_their_length_when_the_heap_cannot_grow() {
+    // Pairs of a 25-page and a 7-page block fill 100 MB of address space; each freed 25-page block
+    // leaves 25 free pages in a row but no free aligned 32-page block, and they are purged at once
+    // (so they are no dirty blocks either). Every one of them must serve a 25-page block again, as
+    // on glibc: before the whole look over free blocks end to end (`Buddy::span_any`), 127 of 719
+    // did.
+    let dir = tmp_dir("as-gaps");
+    let exe = dir.join("as_limit");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let exe = exe.to_str().unwrap();
+    let counts = |s: &str| -> (u64, u64) {
+        let w: Vec<&str> = s.split_whitespace().collect();
+        assert!(w.len() == 4 && w[0] == "gaps" && w[2] == "again", "unexpected output {s:?}");
+        (w[1].parse().unwrap(), w[3].parse().unwrap())
+    };
+    let (g, g_again) = counts(&under_limit(100_000, false, &[exe, "gaps"]));
+    let (e, again) = counts(&under_limit_with(100_000, true, &[("EDGEPOOL_PURGE_DELAY", "0")], &[exe, "gaps"]));
+    eprintln!("glibc {g} pairs, {g_again} again; edgepool {e} pairs, {again} again");
+    assert!(e as f64 >= 0.9 * g as f64, "edgepool fit {e} pairs, glibc {g}");
+    assert_eq!(again, e, "{e} gaps of 25 free pages served only {again} 25-page blocks");
 }
 
 #[test]

@@ -4,6 +4,10 @@
  *                         checks that errno is ENOMEM and that a small malloc still works, frees
  *                         everything, and checks that the same number of blocks can be had again.
  *                         Prints "blocks N again M small ok".
+ *   as_limit gaps         allocates pairs of a 25-page and a 7-page block until malloc fails, frees the
+ *                         25-page ones (each leaves a gap of 25 free pages in no aligned 32-page
+ *                         block), and allocates 25-page blocks again until malloc fails; the 7-page
+ *                         blocks must keep their contents. Prints "gaps N again M".
  *   as_limit holes        maps foreign memory where the heap's next pieces would go (a lazy region
  *                         grows piece by piece, see init.rs), then allocates 64 blocks of 1 MiB:
  *                         none may overlap the foreign memory, whose contents must survive. Prints
@@ -61,6 +65,37 @@ static int count(size_t sz) {
     return 0;
 }
 
+#define MAX_PAIRS 65536
+
+static int gaps(void) {
+    const size_t a = 25 * 4096, b = 7 * 4096;
+    /* The lists in a mapping of their own, made in this mode only (static arrays would take address
+     * space from the other modes too). */
+    char **gap_a = mmap(0, 2 * MAX_PAIRS * sizeof(char *), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (gap_a == MAP_FAILED) { printf("no room for the lists\n"); return 1; }
+    char **gap_b = gap_a + MAX_PAIRS;
+    size_t n = 0;
+    while (n < MAX_PAIRS) {
+        char *p = malloc(a);
+        if (!p) break;
+        char *q = malloc(b);
+        if (!q) { free(p); break; }
+        memset(p, 1, a);
+        memset(q, (char)n, b);
+        gap_a[n] = p;
+        gap_b[n++] = q;
+    }
+    if (n == 0) { printf("no pair at all\n"); return 1; }
+    for (size_t i = 0; i < n; i++) free(gap_a[i]);
+    size_t m = 0;
+    while (m < n && (gap_a[m] = malloc(a))) memset(gap_a[m++], 3, a);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < b; j += 4096)
+            if (gap_b[i][j] != (char)i) { printf("block %zu damaged\n", i); return 1; }
+    printf("gaps %zu again %zu\n", n, m);
+    return 0;
+}
+
 static int holes(void) {
     const uintptr_t piece = 2u << 20;
     char *p = malloc(1 << 20);
@@ -102,6 +137,7 @@ static int holes(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "count")) return count(strtoul(argv[2], 0, 0));
     if (argc == 2 && !strcmp(argv[1], "holes")) return holes();
-    fprintf(stderr, "usage: as_limit count SIZE | as_limit holes\n");
+    if (argc == 2 && !strcmp(argv[1], "gaps")) return gaps();
+    fprintf(stderr, "usage: as_limit count SIZE | as_limit gaps | as_limit holes\n");
     return 2;
 }
