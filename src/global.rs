@@ -50,7 +50,32 @@ fn around_slow_path(alloc: impl FnOnce() -> *mut u8) -> *mut u8 {
 #[cold]
 #[inline(never)]
 fn small_slow(class: usize) -> *mut u8 {
-    around_slow_path(|| cache::alloc_slow(class))
+    around_slow_path(|| {
+        let p = cache::alloc_slow(class);
+        if p.is_null() {
+            small_as_run(class)
+        } else {
+            p
+        }
+    })
+}
+
+/// A small request that no slot could serve, because the heap had no 64 KiB block for a new slab
+/// (an address-space limit or a budget reached, the free pages scattered): a run of whole pages, as
+/// a large request takes, while free pages remain. glibc serves such a request from its last free
+/// chunks; before, edgepool failed it (a program that filled a 50 MB address-space limit with
+/// 100 000-byte blocks then got `NULL` from `malloc(16)`). Freed, reallocated and sized as any run:
+/// the page map says what a block is, not the request that made it. Not in the hardened mode, which
+/// promises a guard page after every small block's slab.
+#[cold]
+#[inline(never)]
+fn small_as_run(class: usize) -> *mut u8 {
+    if !heap::ensure_init() || heap::secure() {
+        return core::ptr::null_mut();
+    }
+    let size = crate::size_class::CLASS_SIZES[class];
+    // The thread's run cache first, which keeps such a run once it is freed.
+    large_or_mapped(size, crate::size_class::natural_align(size), false, false)
 }
 
 /// Allocates `size` bytes aligned to `align` (a power of two). Returns null on failure. `size == 0`

@@ -1,7 +1,8 @@
 /* Runs under an address-space limit (`ulimit -v`), on glibc and on edgepool.
  *
  *   as_limit count SIZE   allocates SIZE-byte blocks, touching every page, until malloc fails; then
- *                         checks that errno is ENOMEM and that a small malloc still works, frees
+ *                         checks that errno is ENOMEM and that a small malloc still works (and
+ *                         realloc and calloc on small blocks), frees
  *                         everything, and checks that the same number of blocks can be had again.
  *                         Prints "blocks N again M small ok".
  *   as_limit gaps         allocates pairs of a 25-page and a 7-page block until malloc fails, frees the
@@ -53,7 +54,22 @@ static int count(size_t sz) {
     int e = errno;
     if (n == 0) { printf("no block at all\n"); return 1; }
     if (e != ENOMEM) { printf("errno %d, not ENOMEM\n", e); return 1; }
-    void *s = malloc(16);
+    /* Small blocks once the large ones ran out: usable as any (written, grown, zeroed, freed). */
+    char *s = malloc(16);
+    char *z = calloc(4, 8);
+    if (s) {
+        memset(s, 7, 16);
+        char *t = realloc(s, 40);
+        if (t) {
+            s = t;
+            if (s[15] != 7) { printf("small block lost its contents in realloc\n"); return 1; }
+        }
+    }
+    if (z) {
+        for (int i = 0; i < 32; i++)
+            if (z[i]) { printf("calloc block not zero\n"); return 1; }
+        free(z);
+    }
     for (size_t i = 0; i < n; i++) {
         if (v[i][0] != (char)i) { printf("block %zu damaged\n", i); return 1; }
         free(v[i]);
