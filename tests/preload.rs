@@ -445,13 +445,18 @@ fn under_limit_with(kb: u64, preload: bool, env: &[(&str, &str)], args: &[&str])
     stdout
 }
 
+/// `tests/c/as_limit.c`, compiled into a temporary directory of its own (`name`).
+fn as_limit_exe(name: &str) -> std::path::PathBuf {
+    let exe = tmp_dir(name).join("as_limit");
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    exe
+}
+
 #[test]
 fn address_space_limits_serve_about_what_glibc_serves() {
     // Under RLIMIT_AS the heap claims its region piece by piece (init.rs): a process limited to tens
     // of MB works, and gets about as many blocks as on glibc, at 50 MB, 100 MB and 1 GB.
-    let dir = tmp_dir("as-limit");
-    let exe = dir.join("as_limit");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let exe = as_limit_exe("as-limit");
     let exe = exe.to_str().unwrap();
     let blocks = |s: &str| -> (u64, u64, bool) {
         let w: Vec<&str> = s.split_whitespace().collect();
@@ -484,9 +489,7 @@ fn freed_runs_serve_runs_of_their_length_when_the_heap_cannot_grow() {
     // (so they are no dirty blocks either). Every one of them must serve a 25-page block again, as
     // on glibc: before the whole look over free blocks end to end (`Buddy::span_any`), 127 of 719
     // did.
-    let dir = tmp_dir("as-gaps");
-    let exe = dir.join("as_limit");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let exe = as_limit_exe("as-gaps");
     let exe = exe.to_str().unwrap();
     let counts = |s: &str| -> (u64, u64) {
         let w: Vec<&str> = s.split_whitespace().collect();
@@ -504,9 +507,7 @@ fn freed_runs_serve_runs_of_their_length_when_the_heap_cannot_grow() {
 fn heap_pieces_skip_memory_mapped_by_someone_else() {
     // The program maps memory where the lazy heap's next pieces would go: the heap must skip it,
     // never hand it out, and leave its contents alone.
-    let dir = tmp_dir("as-holes");
-    let exe = dir.join("as_limit");
-    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/as_limit.c"), &exe, &[]);
+    let exe = as_limit_exe("as-holes");
     let out = under_limit(400_000, true, &[exe.to_str().unwrap(), "holes"]);
     let taken: u32 = out.trim().strip_prefix("holes ok ").unwrap_or_else(|| panic!("{out}")).parse().unwrap();
     assert!(taken > 0, "the test mapped nothing in the heap's way: {out}");

@@ -1,9 +1,9 @@
 /* Runs under an address-space limit (`ulimit -v`), on glibc and on edgepool.
  *
  *   as_limit count SIZE   allocates SIZE-byte blocks, touching every page, until malloc fails; then
- *                         checks that errno is ENOMEM and that a small malloc still works (and
- *                         realloc and calloc on small blocks), frees
- *                         everything, and checks that the same number of blocks can be had again.
+ *                         checks that errno is ENOMEM and that small blocks still work (malloc,
+ *                         realloc, calloc), frees everything, and checks that the same number of
+ *                         blocks can be had again.
  *                         Prints "blocks N again M small ok".
  *   as_limit gaps         allocates pairs of a 25-page and a 7-page block until malloc fails, frees the
  *                         25-page ones (each leaves a gap of 25 free pages in no aligned 32-page
