@@ -571,7 +571,7 @@ impl Buddy {
                     end += pages(e.order as u32);
                 }
                 if end - idx >= n {
-                    return Some(self.take_span(idx, end, n, order));
+                    return Some(self.take_span(idx, idx, end, n, order));
                 }
                 // SAFETY: idx is a free head below frontier (a list member).
                 idx = unsafe { self.entry(idx).next };
@@ -580,27 +580,29 @@ impl Buddy {
         None
     }
 
-    /// A run of `n` pages over free blocks that lie end to end, wherever they lie and whatever their
-    /// state: the last resort of a heap that cannot grow. [`Buddy::alloc_run`] finds a run only in a
-    /// free block of its order or in a span that starts with a dirty block of one of the four orders
-    /// below it (a few of each), so once a refused growth has purged every free page, 25 free pages
-    /// in a row no longer served a 25-page request unless a 32-page block was free (under a 100 MB
-    /// address-space limit, a program that freed 719 such runs got 127 of them back, glibc all:
-    /// `tests/preload.rs`). Each stretch of free blocks is walked once, from its first block (one
-    /// whose page before lies in no free block); of those long enough, the shortest is taken (lowest
-    /// address on ties), the run at its start and the pages beyond the run back as free blocks. Costs
-    /// a look at every free block (and the orders of the page before it): for the failure path only.
-    /// Returns the run as [`Buddy::alloc_run`] does, or `None`.
-    pub fn span_any(&mut self, n: u32) -> Option<(u32, u8)> {
-        if n == 0 {
+    /// A run of `n` pages whose first page is aligned to `2^align_order` bytes, over free blocks that
+    /// lie end to end, wherever they lie and whatever their state: the last resort of a heap that
+    /// cannot grow. [`Buddy::alloc_run`] finds a run only in a free block of its order or in a span
+    /// that starts with a dirty block of one of the four orders below it (a few of each), so once a
+    /// refused growth has purged every free page, 25 free pages in a row no longer served a 25-page
+    /// request unless a 32-page block was free (under a 100 MB address-space limit, a program that
+    /// freed 719 such runs got 127 of them back, glibc all: `tests/preload.rs`). Each stretch of free
+    /// blocks is walked once, from its first block (one whose page before lies in no free block); of
+    /// those that hold the run from their first aligned page on, the shortest is taken (lowest
+    /// address on ties), the pages before and beyond the run back as free blocks. Costs a look at
+    /// every free block (and the orders of the page before it): for the failure path only. Returns
+    /// the run as [`Buddy::alloc_run`] does, or `None`.
+    pub fn span_any(&mut self, n: u32, align_order: u32) -> Option<(u32, u8)> {
+        if n == 0 || align_order < MIN_ORDER {
             return None;
         }
-        let order = u32::BITS - (n - 1).leading_zeros() + MIN_ORDER;
+        let order = (u32::BITS - (n - 1).leading_zeros() + MIN_ORDER).max(align_order);
         if order > self.top {
             return None;
         }
-        // (stretch length, first page) of the best stretch so far.
-        let mut best: Option<(u32, u32)> = None;
+        let align = pages(align_order);
+        // (stretch length, the run's first page, the stretch's first page) of the best so far.
+        let mut best: Option<(u32, u32, u32)> = None;
         for l in 0..2 {
             for o in MIN_ORDER..=self.top {
                 let mut h = self.heads[l][(o - MIN_ORDER) as usize];
@@ -617,42 +619,57 @@ impl Buddy {
                             }
                             end += pages(e.order as u32);
                         }
+                        let lo = h.next_multiple_of(align);
                         let len = end - h;
-                        if len >= n && best.is_none_or(|b| (len, h) < b) {
-                            best = Some((len, h));
+                        if lo <= end && end - lo >= n && best.is_none_or(|b| (len, lo) < (b.0, b.1)) {
+                            best = Some((len, lo, h));
                         }
                     }
                     h = next;
                 }
             }
         }
-        let (_, lo) = best?;
-        // The blocks from `lo` up to the first one that ends at or beyond `lo + n`.
-        let mut end = lo;
-        while end - lo < n {
-            // SAFETY: from `lo`, free blocks below frontier lie end to end over at least `n` pages
-            // (the walk above), and `end` is the head of one of them.
-            end += pages(unsafe { self.entry(end) }.order as u32);
+        let (_, lo, mut first) = best?;
+        // Pages of the free block whose head is `i`: called only on heads of the stretch the walk
+        // above went through, which lies below frontier, tiled by free blocks, up to at least
+        // `lo + n`.
+        let block_pages = |b: &Self, i: u32| {
+            // SAFETY: `i` is one of those heads (see above), below frontier.
+            pages(unsafe { b.entry(i) }.order as u32)
+        };
+        // The block that holds `lo`, then the blocks up to the first that ends at or beyond `lo + n`.
+        while first + block_pages(self, first) <= lo {
+            first += block_pages(self, first);
         }
-        Some(self.take_span(lo, end, n, order))
+        let mut end = first;
+        while end < lo + n {
+            end += block_pages(self, end);
+        }
+        Some(self.take_span(first, lo, end, n, order))
     }
 
-    /// Takes the free blocks that tile `[lo, end)` off the lists and makes `[lo, lo + n)` a run of
-    /// them ([`Buddy::make_run`]), giving `[lo + n, end)` back.
-    fn take_span(&mut self, lo: u32, end: u32, n: u32, order: u32) -> (u32, u8) {
+    /// Takes the free blocks that tile `[first, end)` off the lists and makes `[lo, lo + n)` a run of
+    /// them ([`Buddy::make_run`]), giving `[first, lo)` and `[lo + n, end)` back.
+    fn take_span(&mut self, first: u32, lo: u32, end: u32, n: u32, order: u32) -> (u32, u8) {
+        debug_assert!(first <= lo && lo + n <= end);
         let mut flags = 0;
-        let mut i = lo;
+        let mut i = first;
         while i < end {
-            // SAFETY: `[lo, end)` is tiled by free blocks below frontier (`span_run`'s walk).
+            // SAFETY: `[first, end)` is tiled by free blocks below frontier (the callers' walks).
             let e = unsafe { self.entry(i) };
             debug_assert_eq!(e.kind, PageKind::Free);
             flags |= e.flags & (USED | SEALED);
             self.unlink(i);
             i += pages(e.order as u32);
         }
-        // SAFETY: the blocks tiling `[lo, end)` were unlinked above, so its pages are ours, below
-        // frontier, their bits as they were; `n <= end - lo` (`span_run`).
-        unsafe { self.make_run(lo, n, end, order, flags) }
+        // SAFETY: the blocks tiling `[first, end)` were unlinked above, so its pages are ours, below
+        // frontier, their bits as they were; `first <= lo` and `lo + n <= end` (the callers' walks).
+        unsafe {
+            if first < lo {
+                self.merge_range(first, lo, flags);
+            }
+            self.make_run(lo, n, end, order, flags)
+        }
     }
 
     /// Number of pages of the allocated run whose head is `idx`.
@@ -1259,50 +1276,78 @@ mod tests {
         });
     }
 
+    /// Takes the 128 pages of `b` one by one, then frees the pages of each stretch with its flags.
+    fn stretches_of_free_pages(b: &mut Buddy, stretches: &[(std::ops::Range<u32>, u8)]) {
+        let mut all: Vec<u32> = (0..128).map(|_| b.alloc(MIN_ORDER, META).unwrap().0).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..128).collect::<Vec<u32>>());
+        assert!(b.alloc(MIN_ORDER, META).is_none());
+        for (r, flags) in stretches {
+            for i in r.clone() {
+                free(b, i, MIN_ORDER, *flags);
+            }
+        }
+        b.check().unwrap();
+    }
+
+    /// Frees the pages outside the stretches, then the runs: every page is free again.
+    fn all_back(b: &mut Buddy, stretches: &[(std::ops::Range<u32>, u8)], runs: &[u32], total: usize) {
+        for i in (0..128).filter(|i| !stretches.iter().any(|(r, _)| r.contains(i))) {
+            free(b, i, MIN_ORDER, DIRTY);
+        }
+        for &r in runs {
+            free_run(b, r);
+        }
+        b.check().unwrap();
+        assert_eq!(b.free_bytes, total);
+    }
+
     #[test]
     fn a_run_anywhere_takes_the_shortest_stretch_of_free_blocks_long_enough() {
         with_buddy(17, 4, |b| {
             let total = b.free_bytes;
-            // Every page taken, one by one; then stretches of 25 and 30 clean pages and one of 26
-            // whose last 6 are dirty freed, none holding a free aligned 32-page block (and the
-            // spans from dirty blocks stop at the stretch's end).
-            let mut all: Vec<u32> = (0..128).map(|_| b.alloc(MIN_ORDER, META).unwrap().0).collect();
-            all.sort_unstable();
-            assert_eq!(all, (0..128).collect::<Vec<u32>>());
-            assert!(b.alloc(MIN_ORDER, META).is_none());
-            for i in 0..25 {
-                free(b, i, MIN_ORDER, USED);
-            }
-            for i in 40..70 {
-                free(b, i, MIN_ORDER, USED);
-            }
-            for i in 80..106 {
-                free(b, i, MIN_ORDER, if i >= 100 { DIRTY } else { USED });
-            }
-            b.check().unwrap();
+            // Stretches of 25 and 30 clean pages and one of 26 whose last 6 are dirty, none holding
+            // a free aligned 32-page block (and the spans from dirty blocks stop at the stretch's
+            // end).
+            let stretches = [(0..25, USED), (40..70, USED), (80..100, USED), (100..106, DIRTY)];
+            stretches_of_free_pages(b, &stretches);
             assert!(b.alloc_run(25, MIN_ORDER).is_none(), "no free block of 32 pages, no long span from a dirty one");
             // Best fit: 25 pages from the stretch of 25, 26 from the stretch of 26, none of 31.
-            let (r1, f1) = b.span_any(25).unwrap();
+            let (r1, f1) = b.span_any(25, MIN_ORDER).unwrap();
             assert_eq!((r1, f1 & DIRTY), (0, 0));
-            let (r2, f2) = b.span_any(26).unwrap();
+            let (r2, f2) = b.span_any(26, MIN_ORDER).unwrap();
             assert_eq!((r2, f2 & DIRTY, b.taken_dirty), (80, DIRTY, 6));
-            assert!(b.span_any(31).is_none());
+            assert!(b.span_any(31, MIN_ORDER).is_none());
             // 20 of the 30 pages: the other 10 go back as free blocks.
-            let (r3, _) = b.span_any(20).unwrap();
+            let (r3, _) = b.span_any(20, MIN_ORDER).unwrap();
             assert_eq!(r3, 40);
             b.check().unwrap();
             assert_eq!(b.free_bytes, 10 * PAGE);
-            assert_eq!(b.span_any(10).map(|r| r.0), Some(60));
-            assert!(b.span_any(1).is_none());
+            assert_eq!(b.span_any(10, MIN_ORDER).map(|r| r.0), Some(60));
+            assert!(b.span_any(1, MIN_ORDER).is_none());
+            all_back(b, &stretches, &[r1, r2, r3, 60], total);
+        });
+    }
+
+    #[test]
+    fn a_run_anywhere_starts_at_its_alignment_and_gives_the_pages_before_it_back() {
+        with_buddy(17, 4, |b| {
+            let total = b.free_bytes;
+            // One stretch of 33 free pages from page 37 (not aligned to 16 pages).
+            let stretches = [(37..70, USED)];
+            stretches_of_free_pages(b, &stretches);
+            // 20 pages aligned to 16 pages (64 KiB): from page 48; 37..48 and 68..70 go back.
+            let (r, _) = b.span_any(20, MIN_ORDER + 4).unwrap();
+            assert_eq!(r, 48);
             b.check().unwrap();
-            for i in (25..40).chain(70..80).chain(106..128) {
-                free(b, i, MIN_ORDER, DIRTY);
-            }
-            for r in [r1, r2, r3, 60] {
-                free_run(b, r);
-            }
+            assert_eq!(b.free_bytes, 13 * PAGE);
+            // 10 pages aligned to 8 do not fit in 37..48 (from 40, 8 pages) nor in 68..70; 8 do.
+            assert!(b.span_any(10, MIN_ORDER + 3).is_none());
+            let (s, _) = b.span_any(8, MIN_ORDER + 3).unwrap();
+            assert_eq!(s, 40);
             b.check().unwrap();
-            assert_eq!(b.free_bytes, total);
+            // 37..40 and 68..70 are still free.
+            all_back(b, &stretches, &[r, s], total);
         });
     }
 
@@ -1358,12 +1403,12 @@ mod tests {
                             live.push((i, o));
                         }
                     } else {
-                        // Page-aligned runs that no block holds take a span anywhere, as the heap's
-                        // last resort does.
+                        // Runs that no block holds take a span anywhere, as the heap's last resort
+                        // does.
                         let (n, a) = (1 + (rnd() % 40) as u32, 12 + (rnd() % 3) as u32);
                         let got = match b.alloc_run(n, a) {
-                            None if a == MIN_ORDER => {
-                                let g = b.span_any(n);
+                            None => {
+                                let g = b.span_any(n, a);
                                 if g.is_some() {
                                     spans += 1;
                                     b.check().unwrap();
@@ -1373,6 +1418,7 @@ mod tests {
                             g => g,
                         };
                         if let Some((i, _)) = got {
+                            debug_assert_eq!(i % pages(a), 0, "a run at page {i} is not aligned to order {a}");
                             live.push((i, 0));
                         }
                     }

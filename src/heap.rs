@@ -824,7 +824,7 @@ impl Inner {
                     // The region cannot grow (the OS refused, or it is full). A run may still lie
                     // over free blocks end to end that no block of its order holds: the slow, whole
                     // look ([`Buddy::span_any`]) first, while their resident pages are there to reuse.
-                    let spanned = if large && order == MIN_ORDER { self.buddy.span_any(run) } else { None };
+                    let spanned = if large { self.buddy.span_any(run, order) } else { None };
                     if spanned.is_some() {
                         spanned
                     } else {

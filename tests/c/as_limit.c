@@ -5,10 +5,11 @@
  *                         realloc, calloc), frees everything, and checks that the same number of
  *                         blocks can be had again.
  *                         Prints "blocks N again M small ok".
- *   as_limit gaps         allocates pairs of a 25-page and a 7-page block until malloc fails, frees the
+ *   as_limit gaps [ALIGN] allocates pairs of a 25-page and a 7-page block until malloc fails, frees the
  *                         25-page ones (each leaves a gap of 25 free pages in no aligned 32-page
  *                         block), and allocates 25-page blocks again until malloc fails; the 7-page
- *                         blocks must keep their contents. Prints "gaps N again M".
+ *                         blocks must keep their contents. With ALIGN, the 25-page blocks come from
+ *                         aligned_alloc(ALIGN). Prints "gaps N again M".
  *   as_limit holes        maps foreign memory where the heap's next pieces would go (a lazy region
  *                         grows piece by piece, see init.rs), then allocates 64 blocks of 1 MiB:
  *                         none may overlap the foreign memory, whose contents must survive. Prints
@@ -83,7 +84,7 @@ static int count(size_t sz) {
 
 #define MAX_PAIRS 65536
 
-static int gaps(void) {
+static int gaps(size_t align) {
     const size_t a = 25 * 4096, b = 7 * 4096;
     /* The lists in a mapping of their own, made in this mode only (static arrays would take address
      * space from the other modes too). */
@@ -92,7 +93,7 @@ static int gaps(void) {
     char **gap_b = gap_a + MAX_PAIRS;
     size_t n = 0;
     while (n < MAX_PAIRS) {
-        char *p = malloc(a);
+        char *p = align ? aligned_alloc(align, a) : malloc(a);
         if (!p) break;
         char *q = malloc(b);
         if (!q) { free(p); break; }
@@ -104,7 +105,10 @@ static int gaps(void) {
     if (n == 0) { printf("no pair at all\n"); return 1; }
     for (size_t i = 0; i < n; i++) free(gap_a[i]);
     size_t m = 0;
-    while (m < n && (gap_a[m] = malloc(a))) memset(gap_a[m++], 3, a);
+    while (m < n && (gap_a[m] = align ? aligned_alloc(align, a) : malloc(a))) {
+        if ((uintptr_t)gap_a[m] % (align ? align : 16)) { printf("block %zu not aligned\n", m); return 1; }
+        memset(gap_a[m++], 3, a);
+    }
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < b; j += 4096)
             if (gap_b[i][j] != (char)i) { printf("block %zu damaged\n", i); return 1; }
@@ -153,7 +157,8 @@ static int holes(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "count")) return count(strtoul(argv[2], 0, 0));
     if (argc == 2 && !strcmp(argv[1], "holes")) return holes();
-    if (argc == 2 && !strcmp(argv[1], "gaps")) return gaps();
-    fprintf(stderr, "usage: as_limit count SIZE | as_limit gaps | as_limit holes\n");
+    if (argc == 2 && !strcmp(argv[1], "gaps")) return gaps(0);
+    if (argc == 3 && !strcmp(argv[1], "gaps")) return gaps(strtoul(argv[2], 0, 0));
+    fprintf(stderr, "usage: as_limit count SIZE | as_limit gaps [ALIGN] | as_limit holes\n");
     return 2;
 }
