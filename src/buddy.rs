@@ -560,16 +560,8 @@ impl Buddy {
                 if idx == NIL {
                     break;
                 }
-                // Walk the free blocks that follow the candidate until the span holds `n` pages.
-                let mut end = idx + pages(o);
-                while end - idx < n && end < self.frontier {
-                    // SAFETY: end < frontier.
-                    let e = unsafe { self.entry(end) };
-                    if e.kind != PageKind::Free {
-                        break;
-                    }
-                    end += pages(e.order as u32);
-                }
+                // The candidate and the free blocks that follow it, until the span holds `n` pages.
+                let end = self.free_end(idx, n);
                 if end - idx >= n {
                     return Some(self.take_span(idx, idx, end, n, order));
                 }
@@ -610,15 +602,7 @@ impl Buddy {
                     // SAFETY: h is a member of a free list, so a free head below frontier.
                     let next = unsafe { self.entry(h).next };
                     if h == 0 || self.free_block_at(h - 1).is_none() {
-                        let mut end = h;
-                        while end < self.frontier {
-                            // SAFETY: end < frontier.
-                            let e = unsafe { self.entry(end) };
-                            if e.kind != PageKind::Free {
-                                break;
-                            }
-                            end += pages(e.order as u32);
-                        }
+                        let end = self.free_end(h, u32::MAX);
                         let lo = h.next_multiple_of(align);
                         let len = end - h;
                         if lo <= end && end - lo >= n && best.is_none_or(|b| (len, lo) < (b.0, b.1)) {
@@ -641,11 +625,23 @@ impl Buddy {
         while first + block_pages(self, first) <= lo {
             first += block_pages(self, first);
         }
-        let mut end = first;
-        while end < lo + n {
-            end += block_pages(self, end);
-        }
+        let end = self.free_end(first, lo + n - first);
         Some(self.take_span(first, lo, end, n, order))
+    }
+
+    /// The end of the free blocks that lie end to end from page `from` (below frontier), walked until
+    /// they hold `want` pages, or a page that heads no free block, or the frontier.
+    fn free_end(&self, from: u32, want: u32) -> u32 {
+        let mut end = from;
+        while end - from < want && end < self.frontier {
+            // SAFETY: end < frontier.
+            let e = unsafe { self.entry(end) };
+            if e.kind != PageKind::Free {
+                break;
+            }
+            end += pages(e.order as u32);
+        }
+        end
     }
 
     /// Takes the free blocks that tile `[first, end)` off the lists and makes `[lo, lo + n)` a run of
@@ -1418,7 +1414,7 @@ mod tests {
                             g => g,
                         };
                         if let Some((i, _)) = got {
-                            debug_assert_eq!(i % pages(a), 0, "a run at page {i} is not aligned to order {a}");
+                            assert_eq!(i % pages(a), 0, "a run at page {i} is not aligned to order {a}");
                             live.push((i, 0));
                         }
                     }

@@ -19,7 +19,7 @@ use crate::os::{self, PAGE};
 use crate::owner::{self, Owner};
 use crate::phase;
 use crate::profile;
-use crate::size_class::{class_for, class_of, SMALL_MAX};
+use crate::size_class::{class_for, class_of, natural_align, CLASS_SIZES, SMALL_MAX};
 use crate::stats::{self, COUNTERS};
 use crate::valgrind as vg;
 
@@ -73,9 +73,9 @@ fn small_as_run(class: usize) -> *mut u8 {
     if !heap::ensure_init() || heap::secure() {
         return core::ptr::null_mut();
     }
-    let size = crate::size_class::CLASS_SIZES[class];
+    let size = CLASS_SIZES[class];
     // The thread's run cache first, which keeps such a run once it is freed.
-    large_or_mapped(size, crate::size_class::natural_align(size), false, false)
+    large_or_mapped(size, natural_align(size), false, false)
 }
 
 /// Allocates `size` bytes aligned to `align` (a power of two). Returns null on failure. `size == 0`
