@@ -504,6 +504,7 @@ struct Boundary {
 
 /// A boundary's grouping as it was applied: the tree reduced (before the replacements), and each
 /// group's starting tensors.
+#[derive(Clone)]
 struct Applied {
     reduced: Tree,
     groups: Vec<(Vec<u32>, Vec<u32>)>,
@@ -527,6 +528,8 @@ struct Search<'a> {
     /// The tree after the last boundary, once every boundary was applied.
     final_tree: Option<Tree>,
     limits: Limits,
+    /// `applied` and the tree as they stood when the deepest boundary so far was reached.
+    deepest: Option<(Vec<Applied>, Tree)>,
 }
 
 /// Members of a group searched on each side of a boundary (beyond them, only the whole boundary).
@@ -583,6 +586,10 @@ impl Search<'_> {
     /// Boundaries `k..` from `tree`: true when all of them were applied (`applied` then holds one
     /// entry per boundary).
     fn boundary(&mut self, k: usize, tree: Tree) -> bool {
+        if self.deepest.as_ref().is_none_or(|d| d.0.len() < k) {
+            // A few dozen times a search: once per boundary at most.
+            self.deepest = Some((self.applied.clone(), tree.clone()));
+        }
         if k == self.bounds.len() {
             self.final_tree = Some(tree);
             return true;
@@ -808,24 +815,33 @@ fn candidates(
 }
 
 /// A plan of `bound` bytes for an instance whose every op between its first and last holds exactly
-/// `bound` bytes, or `None` (not such an instance, no plan found within `max_nodes` groupings tried
-/// or by `deadline`, or alignments that the tiling breaks).
+/// `bound` bytes (`Ok`), or else the best partial tiling completed (`Err` with a plan and its size;
+/// `Err(None)` when not such an instance or alignments that the tiling breaks). A partial tiling is
+/// the deepest boundary a run reached, its plan read off up to there and the tensors that start
+/// later fitted among it: where the search stalls late, a plan close to the bound, from which the
+/// local search starts (tiling 400/6 of the bench: 1.090x the optimum without it, 1.021x with it).
 ///
 /// The time (and the nodes) is split evenly between runs: for each group limit of `SCHEDULE`, the
 /// search forward in time, then the same search on the instance mirrored in time (each tensor's ops
 /// mirrored: the same plans, but the boundaries come in the other order, and each direction ends
 /// at the bound on instances where the other does not).
-pub(super) fn plan(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes: u64) -> Option<Vec<u64>> {
+pub(super) fn plan(
+    tensors: &[Tensor],
+    bound: u64,
+    deadline: Instant,
+    max_nodes: u64,
+) -> Result<Vec<u64>, Option<(Vec<u64>, u64)>> {
     if tensors.is_empty() || tensors.len() > MAX_TENSORS || bound == 0 {
-        return None;
+        return Err(None);
     }
-    let forwards = ops(tensors, bound)?;
+    let forwards = ops(tensors, bound).ok_or(None)?;
     // The mirrored instance, made when its first run comes.
     let mut backwards: Option<(Vec<Tensor>, Ops)> = None;
     let runs = SCHEDULE.len() as u32 * 2;
     let now = Instant::now();
     let slice = deadline.saturating_duration_since(now) / runs;
     let mut k = 0;
+    let mut best: Option<(Vec<u64>, u64)> = None;
     for &(e, s) in SCHEDULE {
         for mirror in [false, true] {
             k += 1;
@@ -833,21 +849,26 @@ pub(super) fn plan(tensors: &[Tensor], bound: u64, deadline: Instant, max_nodes:
             let (ts, o) = if mirror {
                 if backwards.is_none() {
                     let m = mirrored(tensors);
-                    let o = ops(&m, bound)?;
+                    let o = ops(&m, bound).ok_or(None)?;
                     backwards = Some((m, o));
                 }
-                let (m, o) = backwards.as_ref()?;
+                let (m, o) = backwards.as_ref().ok_or(None)?;
                 (&m[..], o)
             } else {
                 (tensors, &forwards)
             };
             let limits = Limits { ends: e, starts: s };
-            if let Some(offsets) = one_way(ts, o, bound, until, max_nodes / runs as u64, limits) {
-                return Some(offsets);
+            match one_way(ts, o, bound, until, max_nodes / runs as u64, limits) {
+                Ok(offsets) => return Ok(offsets),
+                // A partial tiling of the mirrored instance is one of the instance (the same
+                // tensors overlap); a completed one at the bound is a plan at the bound.
+                Err(Some((offsets, size))) if size <= bound => return Ok(offsets),
+                Err(Some(p)) if best.as_ref().is_none_or(|b| p.1 < b.1) => best = Some(p),
+                Err(_) => {}
             }
         }
     }
-    None
+    Err(best)
 }
 
 /// The instance mirrored in time: each tensor's ops reversed (the same tensors overlap, so a plan
@@ -924,7 +945,8 @@ const SCHEDULE: &[(usize, usize)] = &[(7, 3), (5, 5)];
 /// about as many groups as tensors.
 const MAX_TENSORS: usize = 1000;
 
-/// The search of [`plan`], forward in time, through the instance's `ops`.
+/// The search of [`plan`], forward in time, through the instance's `ops`: a plan at the bound, or
+/// the deepest partial tiling completed (see [`plan`]).
 fn one_way(
     tensors: &[Tensor],
     ops: &Ops,
@@ -932,7 +954,7 @@ fn one_way(
     deadline: Instant,
     max_nodes: u64,
     limits: Limits,
-) -> Option<Vec<u64>> {
+) -> Result<Vec<u64>, Option<(Vec<u64>, u64)>> {
     let n = tensors.len();
     let mut s = Search {
         tensors,
@@ -945,42 +967,96 @@ fn one_way(
         applied: Vec::new(),
         final_tree: None,
         limits,
+        deepest: None,
     };
-    if !s.boundary(0, Tree::new(&ops.first)) {
-        return None;
+    if s.boundary(0, Tree::new(&ops.first)) {
+        let final_tree = s.final_tree.take().ok_or(None)?;
+        // Every tensor is in the trees but empty ones (at offset 0).
+        let offsets: Vec<u64> = read_off(tensors, &s.applied, &final_tree)
+            .ok_or(None)?
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
+        // A tensor that lives across boundaries had its offset set at each of them; the first op's
+        // order set the offsets of the tensors that start there, and every later one was set at
+        // the boundary where it started or later (and must agree, which the validation checks).
+        super::validate(tensors, &offsets, bound).map_err(|_| None)?;
+        return Ok(offsets);
     }
-    // Back from the last op: each op's order read off the tree reduced at the boundary after it.
-    let final_tree = s.final_tree.take()?;
-    let mut order = final_tree.frontier(&|_| 0)?;
-    let mut offsets = vec![0u64; n];
-    let set_offsets = |order: &[u32], offsets: &mut [u64]| {
+    // The deepest boundary reached, completed.
+    let (applied, tree) = s.deepest.take().ok_or(None)?;
+    let partial = read_off(tensors, &applied, &tree).ok_or(None)?;
+    Err(complete(tensors, &partial))
+}
+
+/// The offsets that the boundaries `applied` and the tree after them give: back from the tree,
+/// each op's order read off the tree reduced at the boundary after it, choosing each node's order
+/// to agree with the next op's (each ending tensor goes where its group's starting tensors are).
+/// `None` for the tensors that start after the tree's op; `None` in all if no order agrees.
+fn read_off(tensors: &[Tensor], applied: &[Applied], tree: &Tree) -> Option<Vec<Option<u64>>> {
+    let n = tensors.len();
+    let mut order = tree.frontier(&|_| 0)?;
+    let mut offsets: Vec<Option<u64>> = vec![None; n];
+    let set_offsets = |order: &[u32], offsets: &mut [Option<u64>]| {
         let mut at = 0;
         for &i in order {
-            offsets[i as usize] = at;
+            offsets[i as usize] = Some(at);
             at += tensors[i as usize].size;
         }
     };
     set_offsets(&order, &mut offsets);
     let mut pos = vec![u64::MAX; n];
-    for applied in s.applied.iter().rev() {
+    for a in applied.iter().rev() {
         for (k, &i) in order.iter().enumerate() {
             pos[i as usize] = k as u64;
         }
         // Each ending tensor goes where its group's starting tensors are.
-        for (e, st) in &applied.groups {
+        for (e, st) in &a.groups {
             let p = st.iter().map(|&i| pos[i as usize]).min()?;
             for &i in e {
                 pos[i as usize] = p;
             }
         }
-        order = applied.reduced.frontier(&|i| pos[i as usize])?;
+        order = a.reduced.frontier(&|i| pos[i as usize])?;
         set_offsets(&order, &mut offsets);
     }
-    // A tensor that lives across boundaries had its offset set at each of them; the first op's
-    // order set the offsets of the tensors that start there, and every later one was set at the
-    // boundary where it started or later (and must agree, which the validation checks).
-    super::validate(tensors, &offsets, bound).ok()?;
     Some(offsets)
+}
+
+/// A partial tiling completed: the tensors it places where it places them, the others fitted among
+/// them (largest first, or by first op; lowest offset or best fit: the lowest of the four). The
+/// plan and its size, validated (`None` if the partial tiling's offsets disagree).
+fn complete(tensors: &[Tensor], offs: &[Option<u64>]) -> Option<(Vec<u64>, u64)> {
+    let fixed: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_some()).collect();
+    let rest: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_none()).collect();
+    let mut best: (Vec<u64>, u64) = (Vec::new(), u64::MAX);
+    for by_first in [false, true] {
+        let mut order = rest.clone();
+        if by_first {
+            order.sort_by_key(|&i| (tensors[i].first, std::cmp::Reverse(tensors[i].size), i));
+        } else {
+            order.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size), i));
+        }
+        for best_fit in [false, true] {
+            let mut offsets = vec![0u64; tensors.len()];
+            let mut placed: Vec<super::Placed> = Vec::new();
+            let mut top = 0;
+            for &i in &fixed {
+                let t = &tensors[i];
+                let o = offs[i].unwrap_or_default();
+                offsets[i] = o;
+                top = top.max(o + t.size);
+                placed.push((o, o + t.size, t.first, t.last));
+            }
+            placed.sort_by_key(|p| p.0);
+            top = top.max(super::fit_into(tensors, &mut placed, &order, best_fit, &mut offsets));
+            if top < best.1 {
+                best = (offsets, top);
+            }
+        }
+    }
+    super::validate(tensors, &best.0, best.1).ok()?;
+    Some(best)
 }
 
 #[cfg(test)]
@@ -1141,7 +1217,7 @@ mod tests {
                 let spec = HardSpec::new(n, seed);
                 for (kind, ts) in [("tiling", tiling(spec)), ("guillotine", guillotine(spec))] {
                     let offsets = plan(&ts, spec.bound, far, 200_000)
-                        .unwrap_or_else(|| panic!("{kind} {n}/{seed}: no plan at the bound"));
+                        .unwrap_or_else(|_| panic!("{kind} {n}/{seed}: no plan at the bound"));
                     super::super::validate(&ts, &offsets, spec.bound).unwrap();
                 }
             }
@@ -1151,7 +1227,7 @@ mod tests {
         for seed in [1, 3, 4, 5, 7, 8, 10, 12] {
             let spec = HardSpec::new(200, seed);
             let ts = tiling(spec);
-            let offsets = plan(&ts, spec.bound, far, 400_000).unwrap_or_else(|| panic!("tiling 200/{seed}"));
+            let offsets = plan(&ts, spec.bound, far, 400_000).unwrap_or_else(|_| panic!("tiling 200/{seed}"));
             super::super::validate(&ts, &offsets, spec.bound).unwrap();
         }
         // A plan of the instance mirrored in time is a plan of the instance: the same tensors
@@ -1166,26 +1242,54 @@ mod tests {
     }
 
     #[test]
+    fn a_search_that_stalls_gives_its_deepest_partial_tiling_completed() {
+        // Within a node limit, not a time. Tiling instances of 400 tensors that no run tiles: each
+        // gives a valid plan above the bound, from its deepest boundary.
+        let far = Instant::now() + Duration::from_secs(600);
+        for seed in [3, 6] {
+            let spec = HardSpec::new(400, seed);
+            let ts = tiling(spec);
+            match plan(&ts, spec.bound, far, 2_000) {
+                Err(Some((offsets, size))) => {
+                    super::super::validate(&ts, &offsets, size).unwrap();
+                    assert!(size > spec.bound);
+                    // Better than either greedy plan (1.245 and 1.118 times the bound).
+                    let mut o = vec![0; ts.len()];
+                    let greedy = super::super::decode(&ts, &super::super::order_by_size(&ts), true, &mut o)
+                        .min(super::super::decode(&ts, &super::super::order_by_breadth(&ts), true, &mut o));
+                    assert!(size < greedy, "400/{seed}: {size} against the greedy {greedy}");
+                }
+                other => panic!("tiling 400/{seed}: {:?}", other.map(|o| o.len())),
+            }
+        }
+    }
+
+    #[test]
     fn instances_with_room_to_spare_are_left_to_the_other_searches() {
         let spec = HardSpec::new(40, 1);
         let mut ts = tiling(spec);
         let far = Instant::now() + Duration::from_secs(600);
-        assert!(plan(&ts, spec.bound, far, 200_000).is_some());
+        assert!(plan(&ts, spec.bound, far, 200_000).is_ok());
+        // An empty tensor changes nothing (it is in no tree; offset 0).
+        let mut with_empty = ts.clone();
+        with_empty.push(Tensor::new("z", 0, 0, 3));
+        let offsets = plan(&with_empty, spec.bound, far, 200_000).expect("tiled with an empty tensor");
+        super::super::validate(&with_empty, &offsets, spec.bound).unwrap();
         // One op with a tensor fewer: no op may have room.
         let k = ts.iter().position(|t| t.first == t.last).unwrap_or(0);
         ts[k].size /= 2;
-        assert!(plan(&ts, super::super::lower_bound(&ts), far, 200_000).is_none());
+        assert!(matches!(plan(&ts, super::super::lower_bound(&ts), far, 200_000), Err(None)));
         // Nothing but empty tensors.
-        assert!(plan(&[Tensor::new("z", 0, 0, 3)], 64, far, 1000).is_none());
+        assert!(matches!(plan(&[Tensor::new("z", 0, 0, 3)], 64, far, 1000), Err(None)));
         // A gap between two ops where nothing lives.
         let ts = vec![Tensor::new("a", 64, 0, 1), Tensor::new("b", 64, 3, 4)];
-        assert!(plan(&ts, 64, far, 1000).is_none());
+        assert!(matches!(plan(&ts, 64, far, 1000), Err(None)));
         // Every op full: a plan, and an alignment the tiling breaks: none.
         let mut ts = vec![Tensor::new("a", 48, 0, 1), Tensor::new("b", 16, 0, 0), Tensor::new("c", 16, 1, 1)];
-        assert_eq!(plan(&ts, 64, far, 1000).map(|o| o.len()), Some(3));
+        assert_eq!(plan(&ts, 64, far, 1000).ok().map(|o| o.len()), Some(3));
         ts[0].align = 64;
         ts[1].align = 64;
         ts[2].align = 64;
-        assert!(plan(&ts, 64, far, 1000).is_none());
+        assert!(matches!(plan(&ts, 64, far, 1000), Err(None)));
     }
 }
