@@ -461,22 +461,18 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     // Instances whose every op is full at the bound: a plan at the bound is a perfect tiling, which
     // the PQ-tree search finds (or not) within a fifth of the time; if not, its deepest partial
     // tiling completed may be the best plan so far.
-    let tiled = match tile::plan(tensors, bound, spent(2), budget.max_nodes) {
-        Ok(offs) => Some(offs),
-        Err(Some((offs, size))) => {
-            if size < done.size {
-                done.size = size;
-                done.offsets = offs;
-            }
-            None
+    match tile::plan(tensors, bound, spent(2), budget.max_nodes) {
+        Ok(offs) => {
+            done.offsets = offs;
+            done.size = bound;
+            done.proven_optimal = true;
+            return done;
         }
-        Err(None) => None,
-    };
-    if let Some(offs) = tiled {
-        done.offsets = offs;
-        done.size = bound;
-        done.proven_optimal = true;
-        return done;
+        Err(Some((offs, size))) if size < done.size => {
+            done.size = size;
+            done.offsets = offs;
+        }
+        Err(_) => {}
     }
     if exact {
         // A better plan first (a tenth of the time, from the end of the tiling search: until

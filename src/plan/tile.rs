@@ -792,8 +792,7 @@ fn candidates(
     // Fewest members first, then by the ending tensors' places in `ends` (largest first), at most
     // `MAX_SUBSETS` groups (the search rarely gets that far down a list before its deadline, and
     // sorting more cost more time than the deadline left).
-    sets.sort_unstable();
-    sets.sort_by_key(|(e, _)| e.len());
+    sets.sort_unstable_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
     let mut out: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
     'members: for total in 2..=limits.ends + limits.starts {
         for (e, sum) in &sets {
@@ -1027,8 +1026,22 @@ fn read_off(tensors: &[Tensor], applied: &[Applied], tree: &Tree) -> Option<Vec<
 /// them (largest first, or by first op; lowest offset or best fit: the lowest of the four). The
 /// plan and its size, validated (`None` if the partial tiling's offsets disagree).
 fn complete(tensors: &[Tensor], offs: &[Option<u64>]) -> Option<(Vec<u64>, u64)> {
-    let fixed: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_some()).collect();
-    let rest: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_none()).collect();
+    // The partial tiling's tensors, placed once; each completion starts from a copy.
+    let mut offsets = vec![0u64; tensors.len()];
+    let mut placed: Vec<super::Placed> = Vec::new();
+    let mut top = 0;
+    let mut rest = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        match offs[i] {
+            Some(o) => {
+                offsets[i] = o;
+                top = top.max(o + t.size);
+                placed.push((o, o + t.size, t.first, t.last));
+            }
+            None => rest.push(i),
+        }
+    }
+    placed.sort_by_key(|p| p.0);
     let mut best: (Vec<u64>, u64) = (Vec::new(), u64::MAX);
     for by_first in [false, true] {
         let mut order = rest.clone();
@@ -1038,20 +1051,10 @@ fn complete(tensors: &[Tensor], offs: &[Option<u64>]) -> Option<(Vec<u64>, u64)>
             order.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size), i));
         }
         for best_fit in [false, true] {
-            let mut offsets = vec![0u64; tensors.len()];
-            let mut placed: Vec<super::Placed> = Vec::new();
-            let mut top = 0;
-            for &i in &fixed {
-                let t = &tensors[i];
-                let o = offs[i].unwrap_or_default();
-                offsets[i] = o;
-                top = top.max(o + t.size);
-                placed.push((o, o + t.size, t.first, t.last));
-            }
-            placed.sort_by_key(|p| p.0);
-            top = top.max(super::fit_into(tensors, &mut placed, &order, best_fit, &mut offsets));
-            if top < best.1 {
-                best = (offsets, top);
+            let mut o = offsets.clone();
+            let end = top.max(super::fit_into(tensors, &mut placed.clone(), &order, best_fit, &mut o));
+            if end < best.1 {
+                best = (o, end);
             }
         }
     }
