@@ -15,8 +15,10 @@
 //! Large blocks are *runs* of whole pages: a request takes the smallest buddy block that holds it and
 //! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
 //! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
-//! When no free block with resident pages is large enough, a run may also span free blocks that lie
-//! end to end (see `Buddy::alloc_run`), so the pages a freed run leaves behind serve the next one.
+//! A run of 16 pages or more goes where the free pages it covers (free blocks that lie end to end)
+//! hold the most resident ones, and a smaller one may span free blocks too when no free block with
+//! resident pages is large enough (see `Buddy::alloc_run`), so the pages a freed run leaves behind
+//! serve the next one.
 //!
 //! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes blocks with dirty
 //! pages before clean ones, so a freed temporary is reused without page faults. Free blocks merge
@@ -29,7 +31,8 @@
 //!   heap above its high-water mark since the last `trim()` or phase end (inside a load phase, all
 //!   of it), so freed memory waiting for reuse never raises the peak; except that a process whose
 //!   purged memory keeps being faulted back in may keep up to `EDGEPOOL_REUSE_SLACK` percent of its
-//!   most bytes in use above the mark (see [`Inner::make_room`]);
+//!   most bytes in use above the mark; a request of 2 MiB or more is held to its most bytes in use
+//!   plus `EDGEPOOL_RETAIN` (see [`Inner::make_room`]);
 //! - *by decay*: dirty bytes beyond the threshold that wait `EDGEPOOL_PURGE_DELAY` milliseconds
 //!   without being reused (the low-water mark of the dirty bytes over that long, checked on every
 //!   heap operation; all of them after a pause that long) are purged; a delay of 0 purges at free;
@@ -57,6 +60,11 @@ use crate::size_class::{SLAB_META_SHIFT, SLAB_SHIFT};
 use crate::slab::Slab;
 use crate::stats::{self, Stats, COUNTERS};
 use crate::sync;
+
+/// Requests from this size on are held to the high-water mark of the bytes in use when they take
+/// fresh pages outside load phases (see [`Inner::make_room`]). Above the largest request of the
+/// suite's `mstress` (1 MiB), whose churn needs the share of free memory kept.
+const STRICT_REQUEST: usize = 2 << 20;
 
 const UNINIT: u8 = 0;
 const READY: u8 = 1;
@@ -139,6 +147,10 @@ struct Inner {
     /// Bytes of the live block that `realloc` moves into the block being allocated
     /// ([`alloc_large_moving`]), 0 otherwise: set and cleared around that allocation, under the lock.
     moving: usize,
+    /// Of the allocation under way, the bytes of the old block that [`move_out`] will give back:
+    /// its fresh bytes, at most `moving` (0 otherwise). Set before `make_room`, cleared after
+    /// `note_peak`.
+    move_give: usize,
     /// The region is a lazy window (see `init::start`).
     lazy: bool,
     /// `EDGEPOOL_SECURE`: slabs get a guard page, purged free blocks are made inaccessible.
@@ -266,6 +278,7 @@ static HEAP: Heap = Heap(UnsafeCell::new(Inner {
     large_bytes: 0,
     peak_in_use: 0,
     moving: 0,
+    move_give: 0,
     lazy: false,
     secure: false,
     in_flight: 0,
@@ -475,6 +488,14 @@ impl Inner {
             .saturating_sub(self.in_flight + self.pooled())
     }
 
+    /// [`Inner::in_use`] with a block that `realloc` moves counted once: without the bytes of the
+    /// old block that [`move_out`] gives back as the new one's fresh pages fault in
+    /// (`move_give`). The high-water mark that the purge policy holds the heap to
+    /// (`run_in_use_high`) is what was resident, not both blocks whole.
+    fn in_use_once(&self) -> usize {
+        self.in_use().saturating_sub(self.move_give)
+    }
+
     /// Bytes of the slab blocks in the pool.
     fn pooled(&self) -> usize {
         self.pool_n << SLAB_SHIFT
@@ -561,9 +582,8 @@ impl Inner {
         if now > self.peak {
             self.peak = now;
         }
-        let in_use = self.in_use();
-        self.peak_in_use = self.peak_in_use.max(in_use);
-        self.run_in_use_high = self.run_in_use_high.max(in_use);
+        self.peak_in_use = self.peak_in_use.max(self.in_use());
+        self.run_in_use_high = self.run_in_use_high.max(self.in_use_once());
         // The high-water mark rises only with memory that could not have been purged: blocks out
         // for purging count in `os_bytes` until they are put back clean, and while more dirty
         // memory than the threshold waits, a purge is still under way (batches take a few blocks at
@@ -685,31 +705,49 @@ impl Inner {
         batch.more = if batch.n == PURGE_BATCH { want } else { 0 };
     }
 
-    /// About to hand out `bytes` of clean memory (new page faults): first purge as much dirty memory
-    /// beyond the threshold, so that waiting free memory never raises the resident set. Inside a
-    /// load phase, at once (the loader's peak is what matters, and other memory, such as the mapped
-    /// model, may rise meanwhile); outside, only what would take the heap above its high-water mark
-    /// since the last `trim()` or phase end: below it no peak rises, and the memory waits for
-    /// reuse until decay returns it. (`malloc_large` of the suite: 9.1k purges and 2.45 M page
-    /// faults before, 5.6k and 1.69 M after; peaks within the spread between runs.)
-    fn make_room(&mut self, bytes: usize, batch: &mut PurgeBatch) {
-        let keep = self.retain_now();
+    /// About to hand out `bytes` of clean memory (new page faults) for a block or run of `request`
+    /// bytes: first purge as much dirty memory beyond the threshold, so that waiting free memory
+    /// never raises the resident set. Inside a load phase, at once (the loader's peak is what
+    /// matters, and other memory, such as the mapped model, may rise meanwhile); outside, only what
+    /// would take the heap above its high-water mark since the last `trim()` or phase end: below it
+    /// no peak rises, and the memory waits for reuse until decay returns it. (`malloc_large` of the
+    /// suite: 9.1k purges and 2.45 M page faults before, 5.6k and 1.69 M after; peaks within the
+    /// spread between runs.)
+    ///
+    /// A request of [`STRICT_REQUEST`] bytes or more, outside load phases, is held to the most bytes
+    /// in use since then plus `RETAIN`: neither the share of the bytes in use that a churning
+    /// process keeps nor the reuse slack lets it take the resident set higher. Such a request adds
+    /// megabytes to the resident set at once, and the free memory it could not use is a bet that
+    /// lost for it. (The suite's `malloc_large`, blocks of 64 KiB-32 MiB: its peak held the share,
+    /// about 25 % above its bytes in use, 173 MiB against glibc's 146; held to the mark, 152 MiB,
+    /// at 1.9x the page faults. `mstress`, whose churn of blocks up to 1 MiB needs the share, is not
+    /// concerned.)
+    fn make_room(&mut self, bytes: usize, request: usize, batch: &mut PurgeBatch) {
+        let load = phase_state::any_active();
+        let strict = !load && request >= STRICT_REQUEST;
+        let keep = if strict { self.retain.max(self.warm) } else { self.retain_now() };
         if self.dirty_free() <= keep {
             return;
         }
         let mut want = (self.dirty_free() - keep).min(bytes);
-        if !phase_state::any_active() {
-            // Outside load phases, fresh pages below the high-water mark since the last phase's end
-            // raise no peak: memory waiting for reuse stays (decay returns what waits unused).
-            // Above it, a process whose purged memory keeps being faulted back in (more bytes
-            // refaulted than grown since then: churn, not a heap growing as a model loads) keeps
-            // that excess, up to `REUSE_SLACK` percent of the most bytes in use since then: free
-            // memory in pieces smaller than the requests waits for requests that fit instead of
-            // being purged and faulted back in (the suite's `malloc_large`: 2.5x glibc's time with
-            // the high-water mark alone). A loading heap grows into fresh pages and keeps its peak.
-            let earned = self.refaulted.saturating_sub(self.grown);
-            let slack = (self.run_in_use_high / 100 * self.reuse_slack).min(earned);
-            let ceiling = self.run_high.max(self.run_in_use_high + slack);
+        if !load {
+            let ceiling = if strict {
+                // The block just taken counts as in use (the mark rises with it at `note_peak`).
+                self.run_in_use_high.max(self.in_use_once()) + keep
+            } else {
+                // Outside load phases, fresh pages below the high-water mark since the last phase's
+                // end raise no peak: memory waiting for reuse stays (decay returns what waits
+                // unused). Above it, a process whose purged memory keeps being faulted back in
+                // (more bytes refaulted than grown since then: churn, not a heap growing as a model
+                // loads) keeps that excess, up to `REUSE_SLACK` percent of the most bytes in use
+                // since then: free memory in pieces smaller than the requests waits for requests
+                // that fit instead of being purged and faulted back in (the suite's `malloc_large`:
+                // 2.5x glibc's time with the high-water mark alone). A loading heap grows into fresh
+                // pages and keeps its peak.
+                let earned = self.refaulted.saturating_sub(self.grown);
+                let slack = (self.run_in_use_high / 100 * self.reuse_slack).min(earned);
+                self.run_high.max(self.run_in_use_high + slack)
+            };
             want = want.min(self.settled_bytes().saturating_sub(ceiling));
         }
         if want > 0 {
@@ -866,13 +904,14 @@ impl Inner {
                 continue;
             }
             self.reused += bytes - fresh;
+            self.move_give = fresh.min(self.moving);
             if fresh > 0 {
                 if flags & USED != 0 {
                     self.refaulted += fresh;
                 } else {
                     self.grown += fresh;
                 }
-                self.make_room(fresh, batch);
+                self.make_room(fresh, bytes, batch);
             }
             if self.limit != 0 && self.os_bytes() > self.limit && !self.move_fits(idx, fresh) {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
@@ -887,6 +926,7 @@ impl Inner {
                 return Err(Miss::Refused);
             }
             self.note_peak();
+            self.move_give = 0;
             self.decay(batch);
             return Ok((idx, flags));
         }
@@ -1369,7 +1409,7 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
         if clean > 0 {
             h.pool_flush();
-            h.make_room(clean, batch);
+            h.make_room(clean, m * PAGE, batch);
         }
         h.note_peak();
         Some(m * PAGE)
