@@ -478,13 +478,20 @@ impl Buddy {
     /// when no dirty block is large enough, dirty free blocks of lower orders with free blocks after
     /// them come first ([`Buddy::span_run`]). Returns the head and the run's flags (as
     /// [`Buddy::alloc`]).
+    #[cfg(test)]
     pub fn alloc_run(&mut self, n: u32, align_order: u32) -> Option<(u32, u8)> {
+        self.alloc_run_placing(n, align_order, true)
+    }
+
+    /// [`Buddy::alloc_run`], placing a run of `DIRTIEST_MIN` pages or more over the most dirty free
+    /// pages only if `dirtiest` (else as the smaller ones).
+    pub fn alloc_run_placing(&mut self, n: u32, align_order: u32, dirtiest: bool) -> Option<(u32, u8)> {
         debug_assert!(n >= 1);
         let order = (u32::BITS - (n - 1).leading_zeros() + MIN_ORDER).max(align_order);
         if order > self.top {
             return None;
         }
-        if align_order == MIN_ORDER && n >= DIRTIEST_MIN {
+        if dirtiest && align_order == MIN_ORDER && n >= DIRTIEST_MIN {
             if let Some(lo) = self.dirtiest_run(n, order) {
                 let first = self.free_block_at(lo).map_or(lo, |(h, _)| h);
                 let end = self.free_end(first, lo + n - first);

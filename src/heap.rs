@@ -15,8 +15,8 @@
 //! Large blocks are *runs* of whole pages: a request takes the smallest buddy block that holds it and
 //! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
 //! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
-//! A run of 16 pages or more goes where the free pages it covers (free blocks that lie end to end)
-//! hold the most resident ones, and a smaller one may span free blocks too when no free block with
+//! A run of 16 pages or more of a process that churns goes where the free pages it covers (free
+//! blocks that lie end to end) hold the most resident ones, and a smaller one may span free blocks too when no free block with
 //! resident pages is large enough (see `Buddy::alloc_run`), so the pages a freed run leaves behind
 //! serve the next one.
 //!
@@ -657,6 +657,13 @@ impl Inner {
         self.purge(usize::MAX)
     }
 
+    /// Outside load phases, whether the process reused more freed memory (and faulted more purged
+    /// memory back in) than its heap grew by since the last `trim()` or phase end: it churns, where a
+    /// heap growing as a model loads does not.
+    fn churning(&self) -> bool {
+        !phase_state::any_active() && self.refaulted + self.reused > self.grown
+    }
+
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
     /// At least the bytes [`prefault_free`] warmed.
     ///
@@ -714,14 +721,14 @@ impl Inner {
     /// suite: 9.1k purges and 2.45 M page faults before, 5.6k and 1.69 M after; peaks within the
     /// spread between runs.)
     ///
-    /// A request of [`STRICT_REQUEST`] bytes or more, outside load phases, is held to the most bytes
-    /// in use since then plus `RETAIN`: neither the share of the bytes in use that a churning
-    /// process keeps nor the reuse slack lets it take the resident set higher. Such a request adds
-    /// megabytes to the resident set at once, and the free memory it could not use is a bet that
-    /// lost for it. (The suite's `malloc_large`, blocks of 64 KiB-32 MiB: its peak held the share,
-    /// about 25 % above its bytes in use, 173 MiB against glibc's 146; held to the mark, 152 MiB,
-    /// at 1.9x the page faults. `mstress`, whose churn of blocks up to 1 MiB needs the share, is not
-    /// concerned.)
+    /// A request of [`STRICT_REQUEST`] bytes or more, outside load phases, is also held to the most
+    /// bytes in use since then plus `RETAIN` (where that is lower): neither the share of the bytes
+    /// in use that a churning process keeps nor the reuse slack lets it take the resident set
+    /// higher. Such a request adds megabytes to the resident set at once, and the free memory it
+    /// could not use is a bet that lost for it. (The suite's `malloc_large`, blocks of 64 KiB-32
+    /// MiB: its peak held the share, about 25 % above its bytes in use, 173 MiB against glibc's
+    /// 146; held to the mark too, 148 MiB, at 2.5x the page faults and 0.68x glibc's time.
+    /// `mstress`, whose churn of blocks up to 1 MiB needs the share, is not concerned.)
     fn make_room(&mut self, bytes: usize, request: usize, batch: &mut PurgeBatch) {
         let load = phase_state::any_active();
         let strict = !load && request >= STRICT_REQUEST;
@@ -731,23 +738,21 @@ impl Inner {
         }
         let mut want = (self.dirty_free() - keep).min(bytes);
         if !load {
-            let ceiling = if strict {
+            // Outside load phases, fresh pages below the high-water mark since the last phase's end
+            // raise no peak: memory waiting for reuse stays (decay returns what waits unused).
+            // Above it, a process whose purged memory keeps being faulted back in (more bytes
+            // refaulted than grown since then: churn, not a heap growing as a model loads) keeps
+            // that excess, up to `REUSE_SLACK` percent of the most bytes in use since then: free
+            // memory in pieces smaller than the requests waits for requests that fit instead of
+            // being purged and faulted back in (the suite's `malloc_large`: 2.5x glibc's time with
+            // the high-water mark alone). A loading heap grows into fresh pages and keeps its peak.
+            let earned = self.refaulted.saturating_sub(self.grown);
+            let slack = (self.run_in_use_high / 100 * self.reuse_slack).min(earned);
+            let mut ceiling = self.run_high.max(self.run_in_use_high + slack);
+            if strict {
                 // The block just taken counts as in use (the mark rises with it at `note_peak`).
-                self.run_in_use_high.max(self.in_use_once()) + keep
-            } else {
-                // Outside load phases, fresh pages below the high-water mark since the last phase's
-                // end raise no peak: memory waiting for reuse stays (decay returns what waits
-                // unused). Above it, a process whose purged memory keeps being faulted back in
-                // (more bytes refaulted than grown since then: churn, not a heap growing as a model
-                // loads) keeps that excess, up to `REUSE_SLACK` percent of the most bytes in use
-                // since then: free memory in pieces smaller than the requests waits for requests
-                // that fit instead of being purged and faulted back in (the suite's `malloc_large`:
-                // 2.5x glibc's time with the high-water mark alone). A loading heap grows into fresh
-                // pages and keeps its peak.
-                let earned = self.refaulted.saturating_sub(self.grown);
-                let slack = (self.run_in_use_high / 100 * self.reuse_slack).min(earned);
-                self.run_high.max(self.run_in_use_high + slack)
-            };
+                ceiling = ceiling.min(self.run_in_use_high.max(self.in_use_once()) + keep);
+            }
             want = want.min(self.settled_bytes().saturating_sub(ceiling));
         }
         if want > 0 {
@@ -841,7 +846,14 @@ impl Inner {
         let large = kind == PageKind::Large;
         let bytes = if large { run as usize * PAGE } else { 1usize << order };
         loop {
-            let took = if large { self.buddy.alloc_run(run, order) } else { self.buddy.alloc(order, kind) };
+            // Runs of a churning process go over the most resident free pages (see
+            // `Buddy::dirtiest_run`). Not inside a load phase, whose purges before fresh pages
+            // keep little dirty memory, nor in a heap that grows more than it reuses: fewer page
+            // faults there meant fewer purges, and tract's load peak rose (295.7 -> 298.0 MB with
+            // the phase, +0.7 MB without).
+            let place = large && self.churning();
+            let took =
+                if large { self.buddy.alloc_run_placing(run, order, place) } else { self.buddy.alloc(order, kind) };
             let got = match took {
                 Some(g) => Some(g),
                 None if self.pool_n > 0 => {
