@@ -201,6 +201,25 @@ struct Growth {
     lazy: bool,
 }
 
+/// The first growth of a reserved region (see [`Inner::plan_grow`]).
+const FIRST_PIECE: usize = 2 << 20;
+
+/// The order of the next growth at page `idx` (the frontier) of a region whose top order is `top`:
+/// a lazy region's pieces ([`init::LAZY_UNIT`], or the top block if smaller); a reserved region's
+/// first top block in doubling pieces from [`FIRST_PIECE`] (see [`Inner::plan_grow`]), then top
+/// blocks.
+fn growth_order(idx: u32, top: u32, lazy: bool) -> u32 {
+    if lazy {
+        top.min(init::LAZY_UNIT.trailing_zeros())
+    } else if idx == 0 {
+        top.min(FIRST_PIECE.trailing_zeros())
+    } else {
+        // The pieces doubled from 0, so `idx` is a power of two until the top block is whole, and
+        // a multiple of the top block after.
+        top.min(idx.trailing_zeros() + MIN_ORDER)
+    }
+}
+
 /// Most top blocks one growth commits.
 const MAX_GROW_TOPS: u32 = 16;
 
@@ -594,19 +613,26 @@ impl Inner {
         }
     }
 
-    /// Plans the next growth of the committed part of the region: one top block of a reserved
-    /// region, or one piece of a lazy one (see `init::start`), at the frontier. The pages are this
-    /// thread's to commit (`growing` is set) until [`Inner::finish_grow`]. `None` when the region is
-    /// full.
+    /// Plans the next growth of the committed part of the region: top blocks of a reserved region,
+    /// or one piece of a lazy one (see `init::start`), at the frontier. The pages are this thread's
+    /// to commit (`growing` is set) until [`Inner::finish_grow`]. `None` when the region is full.
+    ///
+    /// A reserved region's first top block comes in pieces: [`FIRST_PIECE`], then each as large as
+    /// all before it, so that they merge into the top block. A free block's head entry lies in the
+    /// page map at its first page, and splitting a whole top block of 64 MiB for the first slab
+    /// wrote heads 2, 4, ... 32 MiB into the region: five more pages of the map resident (20 KiB)
+    /// in every process, the smallest included.
     fn plan_grow(&mut self) -> Option<Growth> {
         let span_pages = REGION.span.load(Ordering::Relaxed) / PAGE;
-        let order = if self.lazy { self.buddy.top.min(init::LAZY_UNIT.trailing_zeros()) } else { self.buddy.top };
-        let (idx, pages) = (self.buddy.frontier, 1u32 << (order - MIN_ORDER));
+        let idx = self.buddy.frontier;
+        let top = self.buddy.top;
+        let order = growth_order(idx, top, self.lazy);
+        let pages = 1u32 << (order - MIN_ORDER);
         if idx as usize + pages as usize > span_pages {
             return None;
         }
         let room = ((span_pages - idx as usize) / pages as usize) as u32;
-        let count = if self.lazy { 1 } else { (idx / pages / 4).clamp(1, MAX_GROW_TOPS).min(room) };
+        let count = if self.lazy || order < top { 1 } else { (idx / pages / 4).clamp(1, MAX_GROW_TOPS).min(room) };
         self.growing = true;
         Some(Growth { idx, order, count, lazy: self.lazy })
     }
@@ -617,11 +643,12 @@ impl Inner {
         self.growing = false;
         let pages = 1u32 << (g.order - MIN_ORDER);
         // SAFETY: g.idx is still the frontier (only the one thread growing moves it, here), aligned to
-        // the block or piece (every piece and hole of a lazy window has the same size), and the page
-        // map covers the whole region; `n` top blocks from it were committed.
+        // the block or piece (every piece and hole of a lazy window has the same size; a piece of the
+        // first top block is as large as the frontier, a power of two), and the page map covers the
+        // whole region; `n` top blocks from it were committed.
         unsafe {
             match r {
-                Grown::Done(_) if g.lazy => self.buddy.add_block(g.idx, g.order),
+                Grown::Done(_) if g.lazy || g.order < self.buddy.top => self.buddy.add_block(g.idx, g.order),
                 Grown::Done(n) => {
                     for i in 0..n {
                         self.buddy.add_top(g.idx + i * pages);
@@ -692,9 +719,12 @@ impl Inner {
     /// Purges `want` bytes of dirty free memory, smallest blocks first: takes them out of the free
     /// lists into `batch`, to be purged once the lock is dropped ([`PurgeBatch::run`]), as many as
     /// it holds (a purge of a few MiB takes long enough to queue every other thread's allocation
-    /// behind it). Under a budget it purges at once instead: blocks being purged count as taken,
-    /// and a concurrent request must not be refused for them.
-    fn purge_soon(&mut self, want: usize, batch: &mut PurgeBatch) {
+    /// behind it); when they fill it, the rest follows batch by batch as long as more than `keep`
+    /// dirty bytes are free. Under a budget it purges at once instead: blocks being purged count
+    /// as taken, and a concurrent request must not be refused for them.
+    fn purge_soon(&mut self, want: usize, keep: usize, batch: &mut PurgeBatch) {
+        // Of the purges that share a batch (`make_room` then `decay`), the one that keeps least.
+        batch.keep = if batch.n == 0 { keep } else { batch.keep.min(keep) };
         self.pool_flush();
         if self.limit != 0 {
             self.purge(want);
@@ -756,7 +786,7 @@ impl Inner {
             want = want.min(self.settled_bytes().saturating_sub(ceiling));
         }
         if want > 0 {
-            self.purge_soon(want, batch);
+            self.purge_soon(want, keep, batch);
         }
     }
 
@@ -788,7 +818,7 @@ impl Inner {
             return;
         }
         if self.purge_delay == 0 {
-            self.purge_soon(dirty - keep, batch);
+            self.purge_soon(dirty - keep, keep, batch);
             return;
         }
         let now = os::now_ns();
@@ -800,7 +830,7 @@ impl Inner {
         }
         if now.wrapping_sub(self.last_op) >= self.purge_delay {
             // Nothing happened for a whole delay: everything beyond the threshold waited.
-            self.purge_soon(dirty - keep, batch);
+            self.purge_soon(dirty - keep, keep, batch);
             self.over_since = 0;
             return;
         }
@@ -808,7 +838,7 @@ impl Inner {
         self.low_dirty = self.low_dirty.min(dirty);
         if now.wrapping_sub(self.over_since) >= self.purge_delay {
             if self.low_dirty > keep {
-                self.purge_soon(self.low_dirty - keep, batch);
+                self.purge_soon(self.low_dirty - keep, keep, batch);
             }
             self.over_since = now;
             self.low_dirty = self.dirty_free();
@@ -984,12 +1014,15 @@ struct PurgeBatch {
     n: usize,
     /// Bytes still to purge when the batch filled up: [`PurgeBatch::run`] takes more.
     more: usize,
+    /// The dirty free bytes that the purge which filled the batch keeps: [`PurgeBatch::run`] takes
+    /// more only above them (`make_room` for a large request keeps less than `retain_now`).
+    keep: usize,
     secure: bool,
 }
 
 impl PurgeBatch {
     const fn new() -> Self {
-        PurgeBatch { blocks: [(0, 0, 0, 0); PURGE_BATCH], n: 0, more: 0, secure: false }
+        PurgeBatch { blocks: [(0, 0, 0, 0); PURGE_BATCH], n: 0, more: 0, keep: 0, secure: false }
     }
 
     /// Purges the blocks (the heap unlocked) and puts them back on the free lists, clean, under the
@@ -1013,9 +1046,9 @@ impl PurgeBatch {
                     h.in_flight -= 1 << order;
                 }
                 self.n = 0;
-                let (more, keep) = (core::mem::take(&mut self.more), h.retain_now());
+                let (more, keep) = (core::mem::take(&mut self.more), self.keep);
                 if more > 0 && !refused && h.dirty_free() > keep {
-                    h.purge_soon(more.min(h.dirty_free() - keep), self);
+                    h.purge_soon(more.min(h.dirty_free() - keep), keep, self);
                 }
             });
         }
@@ -1788,6 +1821,39 @@ mod tests {
         assert_eq!(with_budget(usize::MAX / 2, || Some(1)), None);
         set_limit(0);
         assert!(COUNTERS.budget_refusals.load(Ordering::Relaxed) > refusals);
+    }
+
+    #[test]
+    fn the_first_top_block_grows_in_doubling_pieces_that_merge_into_it() {
+        let top = 26;
+        let (mut idx, mut orders) = (0u32, vec![]);
+        while idx < 3 << (top - MIN_ORDER) {
+            let o = growth_order(idx, top, false);
+            assert_eq!(idx % (1 << (o - MIN_ORDER)), 0, "a piece of order {o} at page {idx} is not aligned");
+            orders.push(o);
+            idx += 1 << (o - MIN_ORDER);
+        }
+        assert_eq!(orders, [21, 21, 22, 23, 24, 25, 26, 26]);
+        assert_eq!(growth_order(0, 20, false), 20, "a top block below the first piece comes whole");
+        assert_eq!(growth_order(1 << 14, 26, true), 21, "a lazy region grows in its pieces");
+        // Added at the frontier one after the other, free, they are one top block.
+        let mut map =
+            vec![PageEntry { kind: PageKind::Interior, order: 0, flags: 0, load: 0, prev: 0, next: 0 }; 1 << 14];
+        let mut bits = vec![0u64; buddy::bitmap_words(1 << 14)];
+        let mut b = Buddy::empty();
+        // SAFETY: the map and bitmap cover the 2^14 pages of one top block of order 26, and live
+        // as long as `b`, which only this test uses.
+        unsafe {
+            b.init(map.as_mut_ptr(), bits.as_mut_ptr(), top);
+            let mut idx = 0;
+            for &o in &orders[..6] {
+                b.add_block(idx, o);
+                idx += 1 << (o - MIN_ORDER);
+            }
+        }
+        b.check().unwrap();
+        assert_eq!((b.frontier, b.free_bytes), (1 << 14, 64 << 20));
+        assert_eq!(b.alloc(top, PageKind::Meta).map(|(i, _)| i), Some(0), "the pieces merged into one top block");
     }
 
     #[test]

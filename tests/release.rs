@@ -209,22 +209,27 @@ fn child_reuse_slack() {
     }
     let s = edgepool::stats();
     assert!(s.counters.purged_bytes >= 2 * 80 * MIB, "the churn did not decay: {s:?}");
-    // Every other block freed: 48 MiB of resident holes that no 8 MiB request fits in.
+    // Every other block freed: 48 MiB of resident holes that no 1.5 MiB request fits in.
     let mut v: Vec<Option<Vec<u8>>> = v.into_iter().map(Some).collect();
     for slot in v.iter_mut().step_by(2) {
         *slot = None;
     }
     let before = edgepool::stats();
     assert!(before.dirty_free_bytes >= 40 * MIB, "{before:?}");
-    // Fresh 8 MiB blocks up to a quarter above the 96 MiB in use at the peak: nothing is purged,
+    // Fresh 1.5 MiB blocks up to a quarter above the 96 MiB in use at the peak: nothing is purged,
     // the holes wait for reuse (48 MiB in use + 48 MiB of holes + the new blocks).
-    let mut big = vec![vec![7u8; 8 * MIB], vec![7u8; 8 * MIB]];
+    let mut big: Vec<Vec<u8>> = (0..10).map(|_| vec![7u8; 3 * MIB / 2]).collect();
     let within = edgepool::stats();
     assert_eq!(within.counters.purged_bytes, before.counters.purged_bytes, "purged within the slack: {within:?}");
-    // Beyond it, fresh memory makes room first: 24 MiB more would take the heap past 120 MiB.
-    big.extend((0..3).map(|_| vec![8u8; 8 * MIB]));
+    // A request of 2 MiB or more gets no slack: held to the most bytes in use (96 MiB) plus RETAIN,
+    // a fresh 4 MiB block makes room first although the heap is within the slack.
+    big.push(vec![7u8; 4 * MIB]);
+    let held = edgepool::stats();
+    assert!(held.counters.purged_bytes >= within.counters.purged_bytes + 3 * MIB, "not held: {held:?}");
+    // Beyond the slack, fresh memory makes room first: 24 MiB more would take the heap past 120 MiB.
+    big.extend((0..16).map(|_| vec![8u8; 3 * MIB / 2]));
     let beyond = edgepool::stats();
-    assert!(beyond.counters.purged_bytes > within.counters.purged_bytes, "{beyond:?}");
+    assert!(beyond.counters.purged_bytes > held.counters.purged_bytes, "{beyond:?}");
     assert!(beyond.os_bytes <= 96 * MIB / 4 * 5 + 4 * MIB, "above the slack: {beyond:?}");
     assert!(big.iter().all(|b| b.iter().all(|&x| x == 7 || x == 8)));
     drop((v, big));
@@ -243,7 +248,7 @@ fn a_growing_heap_earns_no_reuse_slack() {
 
 /// From a trimmed heap: 96 MiB of 1 MiB blocks allocated and freed three times over the same memory
 /// (the process reused far more freed memory than the heap grew by), then every third block freed:
-/// 32 MiB of resident holes that no 16 MiB request fits in, with 64 MiB in use.
+/// 32 MiB of resident holes that no request above 1 MiB fits in, with 64 MiB in use.
 fn churned_holes() -> Vec<Option<Vec<u8>>> {
     edgepool::trim();
     let mut v = resident_blocks(96);
@@ -273,21 +278,27 @@ fn child_retain_percent() {
     let percent = edgepool::options().get(edgepool::options::RETAIN_PERCENT);
     let retain = edgepool::options().get(edgepool::options::RETAIN) as usize;
     let v = churned_holes();
-    // A fresh 16 MiB block takes the heap above its high-water mark.
+    // Fresh 1.5 MiB blocks, which no 1 MiB hole holds, take the heap above its high-water mark.
     let before = edgepool::stats();
     assert!(before.dirty_free_bytes >= 30 * MIB && before.dirty_free_bytes > retain, "{before:?}");
-    let big = vec![7u8; 16 * MIB];
+    let fresh: Vec<Vec<u8>> = (0..12).map(|_| vec![7u8; 3 * MIB / 2]).collect();
     let after = edgepool::stats();
     if percent == 0 {
-        // Only RETAIN stays: the holes make room for the fresh block.
+        // Only RETAIN stays: the holes make room for the fresh blocks.
         assert!(after.counters.purged_bytes >= before.counters.purged_bytes + 15 * MIB, "{after:?}");
     } else {
-        // 32 MiB waiting is within half of the 80 MiB in use: nothing is purged.
+        // 32 MiB waiting is within half of the 82 MiB in use: nothing is purged.
         assert_eq!(after.counters.purged_bytes, before.counters.purged_bytes, "purged within the share: {after:?}");
         assert!(after.dirty_free_bytes >= before.dirty_free_bytes - MIB, "{after:?}");
+        // A request of 2 MiB or more is held to the most bytes in use (96 MiB) plus RETAIN whatever
+        // the share allows: the holes make room for a fresh 16 MiB block.
+        let big = vec![8u8; 16 * MIB];
+        let held = edgepool::stats();
+        assert!(held.counters.purged_bytes >= after.counters.purged_bytes + 15 * MIB, "not held: {held:?}");
+        assert!(big.iter().all(|&b| b == 8));
     }
-    assert!(big.iter().all(|&b| b == 7));
-    drop((v, big));
+    assert!(fresh.iter().all(|b| b.iter().all(|&x| x == 7)));
+    drop((v, fresh));
     edgepool::check_heap().unwrap();
 }
 
