@@ -46,6 +46,14 @@ fn refused_memory_is_null_and_enomem_everywhere_and_damages_nothing() {
         fill(p, n);
     }
 
+    // The heap grown to two 24 MiB blocks and given them back: its first top block comes in
+    // pieces, and the refused growth below must find blocks to hand out before it.
+    for p in [c_api::malloc(24 * MIB), c_api::malloc(24 * MIB)] {
+        assert!(!p.is_null());
+        // SAFETY: a live block of ours, freed once.
+        unsafe { c_api::free(p) };
+    }
+
     refuse_after(Some(0));
     set_errno(0);
     // Beyond the largest block: a direct mapping, refused.
@@ -84,6 +92,7 @@ fn refused_memory_is_null_and_enomem_everywhere_and_damages_nothing() {
         got.push(p);
     }
     assert_eq!(refusals, 1, "the heap never needed to grow in 64 × 24 MiB");
+    assert!(!got.is_empty(), "no 24 MiB block from the memory the heap had");
     // Memory freed meanwhile is reused without the OS.
     for p in got.drain(..) {
         // SAFETY: live blocks of ours.
