@@ -16,9 +16,9 @@
 //! gives the pages beyond the request straight back as smaller free blocks, so a 40 MiB tensor holds
 //! 40 MiB (not 64), and the OS bytes, the budget and the phase report count what is really taken.
 //! A run of 16 pages or more of a process that churns goes where the free pages it covers (free
-//! blocks that lie end to end) hold the most resident ones, and a smaller one may span free blocks too when no free block with
-//! resident pages is large enough (see `Buddy::alloc_run`), so the pages a freed run leaves behind
-//! serve the next one.
+//! blocks that lie end to end) hold the most resident ones, and a smaller one may span free blocks
+//! too when no free block with resident pages is large enough (see `Buddy::alloc_run`), so the
+//! pages a freed run leaves behind serve the next one.
 //!
 //! Memory return policy: freed blocks stay resident ("dirty"), and allocation takes blocks with dirty
 //! pages before clean ones, so a freed temporary is reused without page faults. Free blocks merge
@@ -31,8 +31,8 @@
 //!   heap above its high-water mark since the last `trim()` or phase end (inside a load phase, all
 //!   of it), so freed memory waiting for reuse never raises the peak; except that a process whose
 //!   purged memory keeps being faulted back in may keep up to `EDGEPOOL_REUSE_SLACK` percent of its
-//!   most bytes in use above the mark; a request of 2 MiB or more is held to its most bytes in use
-//!   plus `EDGEPOOL_RETAIN` (see [`Inner::make_room`]);
+//!   most bytes in use above the mark; a request of 2 MiB or more is also held to its most bytes in
+//!   use plus `EDGEPOOL_RETAIN`, where that is lower (see [`Inner::make_room`]);
 //! - *by decay*: dirty bytes beyond the threshold that wait `EDGEPOOL_PURGE_DELAY` milliseconds
 //!   without being reused (the low-water mark of the dirty bytes over that long, checked on every
 //!   heap operation; all of them after a pause that long) are purged; a delay of 0 purges at free;
@@ -757,7 +757,7 @@ impl Inner {
     /// higher. Such a request adds megabytes to the resident set at once, and the free memory it
     /// could not use is a bet that lost for it. (The suite's `malloc_large`, blocks of 64 KiB-32
     /// MiB: its peak held the share, about 25 % above its bytes in use, 173 MiB against glibc's
-    /// 146; held to the mark too, 148 MiB, at 2.5x the page faults and 0.68x glibc's time.
+    /// 146; held to the mark too, 147 MiB, at 2.4x the page faults and 0.69x glibc's time.
     /// `mstress`, whose churn of blocks up to 1 MiB needs the share, is not concerned.)
     fn make_room(&mut self, bytes: usize, request: usize, batch: &mut PurgeBatch) {
         let load = phase_state::any_active();
