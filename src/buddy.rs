@@ -493,9 +493,7 @@ impl Buddy {
         }
         if dirtiest && align_order == MIN_ORDER && n >= DIRTIEST_MIN {
             if let Some(lo) = self.dirtiest_run(n, order) {
-                let first = self.free_block_at(lo).map_or(lo, |(h, _)| h);
-                let end = self.free_end(first, lo + n - first);
-                return Some(self.take_span(first, lo, end, n, order));
+                return Some(self.take_at(lo, n, order));
             }
         }
         if align_order == MIN_ORDER && self.smallest(1, order).is_none() {
@@ -678,8 +676,8 @@ impl Buddy {
             return None;
         }
         let align = pages(align_order);
-        // (stretch length, the run's first page, the stretch's first page) of the best so far.
-        let mut best: Option<(u32, u32, u32)> = None;
+        // (stretch length, the run's first page) of the best so far.
+        let mut best: Option<(u32, u32)> = None;
         for l in 0..2 {
             for o in MIN_ORDER..=self.top {
                 let mut h = self.heads[l][(o - MIN_ORDER) as usize];
@@ -690,28 +688,27 @@ impl Buddy {
                         let end = self.free_end(h, u32::MAX);
                         let lo = h.next_multiple_of(align);
                         let len = end - h;
-                        if lo <= end && end - lo >= n && best.is_none_or(|b| (len, lo) < (b.0, b.1)) {
-                            best = Some((len, lo, h));
+                        if lo <= end && end - lo >= n && best.is_none_or(|b| (len, lo) < b) {
+                            best = Some((len, lo));
                         }
                     }
                     h = next;
                 }
             }
         }
-        let (_, lo, mut first) = best?;
-        // Pages of the free block whose head is `i`: called only on heads of the stretch the walk
-        // above went through, which lies below frontier, tiled by free blocks, up to at least
-        // `lo + n`.
-        let block_pages = |b: &Self, i: u32| {
-            // SAFETY: `i` is one of those heads (see above), below frontier.
-            pages(unsafe { b.entry(i) }.order as u32)
-        };
-        // The block that holds `lo`, then the blocks up to the first that ends at or beyond `lo + n`.
-        while first + block_pages(self, first) <= lo {
-            first += block_pages(self, first);
-        }
+        let (_, lo) = best?;
+        Some(self.take_at(lo, n, order))
+    }
+
+    /// Takes the run `[lo, lo + n)` (needing a block of `order`) out of the free blocks that hold it
+    /// ([`Buddy::take_span`]): from the one that holds `lo` to the first that ends at or beyond
+    /// `lo + n`.
+    ///
+    /// The caller has seen every page of `[lo, lo + n)` free (in free blocks that lie end to end).
+    fn take_at(&mut self, lo: u32, n: u32, order: u32) -> (u32, u8) {
+        let Some((first, _)) = self.free_block_at(lo) else { os::broken("take_at: a page seen free is not") };
         let end = self.free_end(first, lo + n - first);
-        Some(self.take_span(first, lo, end, n, order))
+        self.take_span(first, lo, end, n, order)
     }
 
     /// The end of the free blocks that lie end to end from page `from` (below frontier), walked until

@@ -688,7 +688,13 @@ impl Inner {
     /// memory back in) than its heap grew by since the last `trim()` or phase end: it churns, where a
     /// heap growing as a model loads does not.
     fn churning(&self) -> bool {
-        !phase_state::any_active() && self.refaulted + self.reused > self.grown
+        !phase_state::any_active() && self.earned() > 0
+    }
+
+    /// Bytes of freed memory reused and of purged memory faulted back in, beyond the bytes the heap
+    /// grew by, since the last `trim()` or phase end: what a churning process earned.
+    fn earned(&self) -> usize {
+        (self.refaulted + self.reused).saturating_sub(self.grown)
     }
 
     /// Dirty free bytes kept resident: `RETAIN`, or `LOAD_RETAIN` while a load phase is open.
@@ -710,8 +716,7 @@ impl Inner {
         let keep = if phase_state::any_active() {
             self.load_retain
         } else {
-            let earned = (self.refaulted + self.reused).saturating_sub(self.grown);
-            self.retain.max((self.in_use() / 100 * self.retain_percent).min(earned))
+            self.retain.max((self.in_use() / 100 * self.retain_percent).min(self.earned()))
         };
         keep.max(self.warm)
     }
@@ -881,9 +886,11 @@ impl Inner {
             // keep little dirty memory, nor in a heap that grows more than it reuses: fewer page
             // faults there meant fewer purges, and tract's load peak rose (295.7 -> 298.0 MB with
             // the phase, +0.7 MB without).
-            let place = large && self.churning();
-            let took =
-                if large { self.buddy.alloc_run_placing(run, order, place) } else { self.buddy.alloc(order, kind) };
+            let took = if large {
+                self.buddy.alloc_run_placing(run, order, self.churning())
+            } else {
+                self.buddy.alloc(order, kind)
+            };
             let got = match took {
                 Some(g) => Some(g),
                 None if self.pool_n > 0 => {
