@@ -22,6 +22,24 @@ fn delta(a: &edgepool::Stats, b: &edgepool::Stats, c: usize) -> (i64, i64, i64) 
     (y.slots_in_use as i64 - x.slots_in_use as i64, (y.allocations - x.allocations) as i64, (y.frees - x.frees) as i64)
 }
 
+/// The statistics once the process is quiet, for a first reading that exact deltas start from.
+/// libtest's main thread may still be allocating for its own bookkeeping just after it started the
+/// test's thread (a CI run counted one 144-byte slot of it between two readings on a busy machine),
+/// so read until two readings 10 ms apart agree on the bytes live and on every class's allocations.
+fn settled_stats() -> edgepool::Stats {
+    let key = |s: &edgepool::Stats| (s.live_bytes, s.large_bytes, s.classes.map(|c| c.allocations));
+    let mut last = edgepool::stats();
+    for _ in 0..500 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let now = edgepool::stats();
+        if key(&now) == key(&last) {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the process never stopped allocating: {last:?}");
+}
+
 #[test]
 fn one_thread_class_counts_are_exact() {
     common::run_child("child_one_thread", &[]);
@@ -36,7 +54,7 @@ fn child_one_thread() {
     let mut a: Vec<*mut u8> = Vec::with_capacity(1000);
     let mut b: Vec<*mut u8> = Vec::with_capacity(300);
     let (c128, c48) = (class_index(128), class_index(48));
-    let s0 = edgepool::stats();
+    let s0 = settled_stats();
     for _ in 0..1000 {
         // SAFETY: non-zero size.
         a.push(unsafe { alloc(l100) });
@@ -89,7 +107,7 @@ fn large_blocks_and_live_bytes_are_counted_at_their_pages() {
 #[test]
 #[ignore = "run by large_blocks_and_live_bytes_are_counted_at_their_pages in a child process"]
 fn child_large() {
-    let s0 = edgepool::stats();
+    let s0 = settled_stats();
     // 100 KiB is 25 pages; 20 000 bytes (above the largest slab class, 16 KiB) round up to 5 pages.
     let big: Vec<Vec<u8>> = (0..3).map(|_| vec![1u8; 100 << 10]).collect();
     let odd: Vec<u8> = vec![2u8; 20_000];
@@ -156,7 +174,7 @@ fn child_threads() {
     const N: usize = 2000;
     let layout = Layout::from_size_align(200, 8).unwrap();
     let c = class_index(256);
-    let s0 = edgepool::stats();
+    let s0 = settled_stats();
     let handles: Vec<_> = (0..4)
         .map(|_| {
             std::thread::spawn(move || {
