@@ -668,8 +668,97 @@ fn by_size(tensors: &[Tensor], v: &[u32]) -> Vec<u32> {
 /// reaches it where many ending tensors are children of one P-node. Listing every group, a level
 /// of group size at a time with sums pruned, tiled fewer instances (17-18 against 22 of the 52 of
 /// 200 and 400 tensors, seeds 0-12, 300 ms each), and so did trying the groups whose reduction
-/// leaves the tree the most orders first (19; 16 with every group listed).
+/// leaves the tree the most orders first (19; 16 with every group listed). The cap also cut off
+/// the plan's group where the search had every boundary right: walked down the generator's plan
+/// of tiling 400/0, the forward run (20 000 nodes, limits of 12 and 3) had each boundary's groups
+/// as the plan has them up to boundary 22 of 35, where the plan's group of the largest ending
+/// tensor (8 ending, 2 starting) lay beyond the cap of the ending side's listing. With the listing
+/// pruned by [`Sums`], the same run went on to boundary 31 (and tiling 200/0 reached the bound,
+/// in 49 ms); with the cap raised to 400 000 instead, to 31 as well, in twice the time.
 const MAX_SUBSETS: usize = 20_000;
+
+/// The sums of the starting side's listed sets, as a bit set in units of the greatest common
+/// divisor of every size at the boundary: with it, the listing of ending sets leaves out every
+/// branch whose tensors left cannot add up to any of them (a subset-sum bit set of the tensors not
+/// banned, built one tensor at a time until it meets a target), so that the listing's cap is spent
+/// on sets that may become groups. Invariant: `targets` has a bit set for each sum (in units), and
+/// `unit` divides every size and target it was made with.
+struct Sums {
+    unit: u64,
+    targets: Vec<u64>,
+}
+
+/// Bit sets of sums beyond this many words are not worth their cost: the listing goes without.
+const MAX_SUM_WORDS: usize = 1024;
+
+impl Sums {
+    fn new(sizes: &[u64], targets: impl Iterator<Item = u64> + Clone, max_sum: u64) -> Option<Sums> {
+        fn gcd(a: u64, b: u64) -> u64 {
+            if b == 0 {
+                a
+            } else {
+                gcd(b, a % b)
+            }
+        }
+        let unit = sizes.iter().copied().chain(targets.clone()).fold(0, gcd);
+        if unit == 0 {
+            return None;
+        }
+        let words = (max_sum / unit) as usize / 64 + 1;
+        if words > MAX_SUM_WORDS {
+            return None;
+        }
+        let mut bits = vec![0u64; words];
+        for t in targets {
+            let b = (t / unit) as usize;
+            bits[b / 64] |= 1 << (b % 64);
+        }
+        Some(Sums { unit, targets: bits })
+    }
+
+    /// Whether some set of the tensors not `banned` adds to `sum` to make one of the targets.
+    fn reachable(&self, sizes: &[u64], banned: &[bool], sum: u64) -> bool {
+        // Every size and target is a multiple of the unit.
+        let base = (sum / self.unit) as usize;
+        let total_bits = self.targets.len() * 64;
+        if base >= total_bits || sum % self.unit != 0 {
+            return false;
+        }
+        // The targets above `sum`, shifted down by it: bit j is the target sum + j.
+        let span = total_bits - base;
+        let words = span.div_ceil(64);
+        let mut want = vec![0u64; words];
+        let (ws, bs) = (base / 64, base % 64);
+        for (j, w) in want.iter_mut().enumerate() {
+            let lo = self.targets.get(ws + j).copied().unwrap_or(0) >> bs;
+            let hi = if bs == 0 { 0 } else { self.targets.get(ws + j + 1).copied().unwrap_or(0) << (64 - bs) };
+            *w = lo | hi;
+        }
+        want[0] &= !1;
+        // Subset sums of the tensors left (bit 0: the empty set).
+        let mut reach = vec![0u64; words];
+        reach[0] = 1;
+        for (k, &sz) in sizes.iter().enumerate() {
+            if banned[k] {
+                continue;
+            }
+            let sh = (sz / self.unit) as usize;
+            if sh >= span {
+                continue;
+            }
+            let (qw, qb) = (sh / 64, sh % 64);
+            for i in (qw..words).rev() {
+                let lo = reach[i - qw] << qb;
+                let hi = if qb == 0 || i - qw == 0 { 0 } else { reach[i - qw - 1] >> (64 - qb) };
+                reach[i] |= lo | hi;
+            }
+            if reach.iter().zip(&want).any(|(r, w)| r & w != 0) {
+                return true;
+            }
+        }
+        false
+    }
+}
 
 /// The groups of a boundary that may hold `ends[0]`: sets of `ends` holding it and connected in
 /// `adj` (by position in `ends`: the pairs that may be neighbours) and sets of `starts` with the
@@ -737,6 +826,7 @@ fn candidates(
         sum: u64,
         max_sum: u64,
         by_sum: &HashMap<u64, Vec<Vec<u32>>>,
+        sums: Option<&Sums>,
         budget: &mut usize,
         out: &mut Vec<(Vec<usize>, u64)>,
     ) {
@@ -745,7 +835,7 @@ fn candidates(
             e.sort_unstable();
             out.push((e, sum));
         }
-        if set.len() == max_e {
+        if set.len() == max_e || sums.is_some_and(|su| !su.reachable(sizes, banned, sum)) {
             return;
         }
         let mut passed = Vec::new();
@@ -766,7 +856,7 @@ fn candidates(
                 }
             }
             set.push(w);
-            connected(max_e, sizes, adj, set, next, banned, sum + sizes[w], max_sum, by_sum, budget, out);
+            connected(max_e, sizes, adj, set, next, banned, sum + sizes[w], max_sum, by_sum, sums, budget, out);
             set.pop();
         }
         for w in passed {
@@ -774,6 +864,7 @@ fn candidates(
         }
     }
     let sizes: Vec<u64> = ends.iter().map(|&i| size(i)).collect();
+    let sums = Sums::new(&sizes, by_sum.keys().copied(), max_sum);
     let mut banned = vec![false; ends.len()];
     banned[0] = true;
     connected(
@@ -786,6 +877,7 @@ fn candidates(
         sizes[0],
         max_sum,
         &by_sum,
+        sums.as_ref(),
         &mut budget,
         &mut sets,
     );
@@ -938,6 +1030,10 @@ fn ops(tensors: &[Tensor], bound: u64) -> Option<Ops> {
 /// listed as runs of neighbours. Since: a third run of 7 and 3 on the old listing (every subset)
 /// brought back neither of the two guillotine instances that the new listing no longer reaches
 /// within 200 ms (guillotine 200/4 and 400/2 of the bench).
+/// With the listing pruned by [`Sums`] (2026-12-04, `PLAN_SEEDS=0-12 cargo bench --bench plan`,
+/// one run each): `search` at 1 s ended within 1.05x on 96 of the 104 (95 before the pruning);
+/// limits of 10 and 3, then 6 and 4 (which list the plan's group of 8 ending tensors above) gave
+/// 98 and 95 in two runs, within the spread, so the limits stay.
 const SCHEDULE: &[(usize, usize)] = &[(7, 3), (5, 5)];
 
 /// Tensors beyond which the search is not tried: it recurses once per group, and an instance has
@@ -1208,6 +1304,36 @@ mod tests {
                     assert_eq!(allowed(&t, &leaves), orders, "after replacing {set:?} with {fresh:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_sums_left_are_reachable_exactly_when_some_set_of_the_tensors_left_makes_a_target() {
+        let mut r = Rng(0x5A5);
+        for round in 0..3000 {
+            let n = 1 + r.below(11);
+            // Multiples of a unit, some far apart (sums that cross words of the bit sets).
+            let unit = [1u64, 64, 4096][round % 3];
+            let top = [5usize, 200, 3000][r.below(3)];
+            let sizes: Vec<u64> = (0..n).map(|_| (1 + r.below(top)) as u64 * unit).collect();
+            let targets: Vec<u64> = (0..1 + r.below(6)).map(|_| (1 + r.below(3 * top)) as u64 * unit).collect();
+            let banned: Vec<bool> = (0..n).map(|_| r.below(3) == 0).collect();
+            let sum = r.below(top) as u64 * unit;
+            let max_sum = targets.iter().copied().max().unwrap();
+            let want = (1u32..1 << n).any(|m| {
+                let mut t = sum;
+                for k in 0..n {
+                    if m >> k & 1 == 1 {
+                        if banned[k] {
+                            return false;
+                        }
+                        t += sizes[k];
+                    }
+                }
+                targets.contains(&t)
+            });
+            let s = Sums::new(&sizes, targets.iter().copied(), max_sum).unwrap();
+            assert_eq!(s.reachable(&sizes, &banned, sum), want, "{sizes:?} {banned:?} {sum} {targets:?}");
         }
     }
 
