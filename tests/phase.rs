@@ -128,17 +128,8 @@ fn child_survivors() {
         assert!(b.iter().all(|&x| x == ((k * 10) % 251) as u8), "survivor {k} damaged");
     }
     // Run phase: the same class reuses the free slots of the former load slabs, taking no new slab.
-    // libtest's main thread may still take a slab for its own bookkeeping just after it started
-    // this test: the count is read once two readings 10 ms apart agree.
-    let mut before = edgepool::stats().counters.slabs_acquired;
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        let now = edgepool::stats().counters.slabs_acquired;
-        if now == before {
-            break;
-        }
-        before = now;
-    }
+    // Once libtest's main thread is done allocating (see `common::settled`).
+    let before = common::settled(|| edgepool::stats().counters.slabs_acquired, |&n| n);
     let reuse: Vec<Box<[u8; 96]>> = (0..20_000).map(|_| Box::new([7u8; 96])).collect();
     assert_eq!(edgepool::stats().counters.slabs_acquired, before, "run phase did not reuse load slabs' free slots");
     // Survivors freed from another thread.

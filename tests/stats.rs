@@ -22,22 +22,10 @@ fn delta(a: &edgepool::Stats, b: &edgepool::Stats, c: usize) -> (i64, i64, i64) 
     (y.slots_in_use as i64 - x.slots_in_use as i64, (y.allocations - x.allocations) as i64, (y.frees - x.frees) as i64)
 }
 
-/// The statistics once the process is quiet, for a first reading that exact deltas start from.
-/// libtest's main thread may still be allocating for its own bookkeeping just after it started the
-/// test's thread (a CI run counted one 144-byte slot of it between two readings on a busy machine),
-/// so read until two readings 10 ms apart agree on the bytes live and on every class's allocations.
+/// The statistics once the process is quiet (see [`common::settled`]), for a first reading that
+/// exact deltas start from: the bytes live and every class's allocations stay put.
 fn settled_stats() -> edgepool::Stats {
-    let key = |s: &edgepool::Stats| (s.live_bytes, s.large_bytes, s.classes.map(|c| c.allocations));
-    let mut last = edgepool::stats();
-    for _ in 0..500 {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        let now = edgepool::stats();
-        if key(&now) == key(&last) {
-            return now;
-        }
-        last = now;
-    }
-    panic!("the process never stopped allocating: {last:?}");
+    common::settled(edgepool::stats, |s| (s.live_bytes, s.large_bytes, s.classes.map(|c| c.allocations)))
 }
 
 #[test]

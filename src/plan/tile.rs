@@ -711,7 +711,10 @@ impl Sums {
         let mut bits = vec![0u64; words];
         for t in targets {
             let b = (t / unit) as usize;
-            bits[b / 64] |= 1 << (b % 64);
+            // Targets above `max_sum` (none, from the listing) cannot be met within the bits.
+            if let Some(w) = bits.get_mut(b / 64) {
+                *w |= 1u64 << (b % 64);
+            }
         }
         Some(Sums { unit, targets: bits })
     }

@@ -24,6 +24,23 @@ pub fn run_child(test: &str, env: &[(&str, &str)]) {
     );
 }
 
+/// A reading of `read` once the process is quiet: readings 10 ms apart until two agree on `key`.
+/// For tests that count the process's own figures exactly: libtest's main thread still allocates
+/// for its bookkeeping just after it started the test's thread (a probe saw a 144-byte slot land
+/// 20 ms into the test in 86 of 200 runs; a CI run counted it between two exact readings).
+pub fn settled<T, K: PartialEq>(read: impl Fn() -> T, key: impl Fn(&T) -> K) -> T {
+    let mut last = read();
+    for _ in 0..500 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let now = read();
+        if key(&now) == key(&last) {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the process never stopped allocating");
+}
+
 /// xorshift64*: a small deterministic generator (no dependency, no allocation).
 pub struct Rng(pub u64);
 
