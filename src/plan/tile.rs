@@ -723,36 +723,25 @@ impl Sums {
     fn reachable(&self, sizes: &[u64], banned: &[bool], sum: u64) -> bool {
         // Every size and target is a multiple of the unit.
         let base = (sum / self.unit) as usize;
-        let total_bits = self.targets.len() * 64;
-        if base >= total_bits || sum % self.unit != 0 {
+        let words = self.targets.len();
+        if base >= words * 64 || sum % self.unit != 0 {
             return false;
         }
-        // The targets above `sum`, shifted down by it: bit j is the target sum + j.
-        let span = total_bits - base;
-        let words = span.div_ceil(64);
-        let mut want = vec![0u64; words];
-        let (ws, bs) = (base / 64, base % 64);
-        for (j, w) in want.iter_mut().enumerate() {
-            let lo = self.targets.get(ws + j).copied().unwrap_or(0) >> bs;
-            let hi = if bs == 0 { 0 } else { self.targets.get(ws + j + 1).copied().unwrap_or(0) << (64 - bs) };
-            *w = lo | hi;
-        }
-        want[0] &= !1;
-        // Subset sums of the tensors left (bit 0: the empty set).
+        // `sum` plus the sums of sets of the tensors left (bit `base`: the empty set), against
+        // the targets other than `sum` itself.
         let mut reach = vec![0u64; words];
-        reach[0] = 1;
+        reach[base / 64] = 1 << (base % 64);
+        let mut want = self.targets.clone();
+        want[base / 64] &= !(1 << (base % 64));
         for (k, &sz) in sizes.iter().enumerate() {
-            if banned[k] {
-                continue;
-            }
             let sh = (sz / self.unit) as usize;
-            if sh >= span {
+            if banned[k] || base + sh >= words * 64 {
                 continue;
             }
             let (qw, qb) = (sh / 64, sh % 64);
             for i in (qw..words).rev() {
                 let lo = reach[i - qw] << qb;
-                let hi = if qb == 0 || i - qw == 0 { 0 } else { reach[i - qw - 1] >> (64 - qb) };
+                let hi = if qb == 0 || i == qw { 0 } else { reach[i - qw - 1] >> (64 - qb) };
                 reach[i] |= lo | hi;
             }
             if reach.iter().zip(&want).any(|(r, w)| r & w != 0) {
