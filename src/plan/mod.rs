@@ -872,6 +872,26 @@ mod tests {
         Tensor::new(id, size, first, last)
     }
 
+    /// `n` random tensors: each of `min` to `min + sizes - 1` bytes, from an op below `ops`, living
+    /// up to `span` ops more.
+    fn random_tensors(rng: &mut Rng, n: usize, min: u64, sizes: usize, ops: usize, span: usize) -> Vec<Tensor> {
+        (0..n)
+            .map(|i| {
+                let f = rng.below(ops) as u32;
+                t(&format!("t{i}"), min + rng.below(sizes) as u64, f, f + rng.below(span) as u32)
+            })
+            .collect()
+    }
+
+    /// `0..n` in a random order.
+    fn shuffled(rng: &mut Rng, n: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        for k in (1..n).rev() {
+            order.swap(k, rng.below(k + 1));
+        }
+        order
+    }
+
     #[test]
     fn chain_reuses_memory() {
         // a -> b -> c: a and c never live together.
@@ -925,12 +945,7 @@ mod tests {
         let mut rng = Rng(42);
         for _ in 0..50 {
             let n = 1 + rng.below(60);
-            let ts: Vec<Tensor> = (0..n)
-                .map(|i| {
-                    let f = rng.below(30) as u32;
-                    t(&format!("t{i}"), 1 + rng.below(10_000) as u64, f, f + rng.below(8) as u32)
-                })
-                .collect();
+            let ts = random_tensors(&mut rng, n, 1, 10_000, 30, 8);
             let g = plan_with(&ts, Strategy::GreedyBySize, Budget::default()).unwrap();
             let b = plan_with(&ts, Strategy::GreedyByBreadth, Budget::default()).unwrap();
             let s = plan(&ts).unwrap();
@@ -973,20 +988,14 @@ mod tests {
         let mut rng = Rng(11);
         for round in 0..400 {
             let n = 1 + rng.below(120);
-            let ts: Vec<Tensor> = (0..n)
-                .map(|i| {
-                    let f = rng.below(30) as u32;
-                    let mut x = t(&format!("t{i}"), rng.below(3_000) as u64, f, f + rng.below(8) as u32);
-                    if round % 2 == 0 {
-                        x.align = 1 << rng.below(7);
-                    }
-                    x
-                })
-                .collect();
-            let mut order: Vec<usize> = (0..n).collect();
-            for k in (1..n).rev() {
-                order.swap(k, rng.below(k + 1));
+            // Empty tensors too: they sit at a gap's start and split it.
+            let mut ts = random_tensors(&mut rng, n, 0, 3_000, 30, 8);
+            if round % 2 == 0 {
+                for x in ts.iter_mut() {
+                    x.align = 1 << rng.below(7);
+                }
             }
+            let order = shuffled(&mut rng, n);
             let (mut a, mut b) = (vec![0u64; n], vec![0u64; n]);
             let size = decode(&ts, &order, false, &mut a);
             assert_eq!(size, first_fit_plainly(&ts, &order, &mut b), "round {round}");
@@ -1000,22 +1009,14 @@ mod tests {
         let mut rng = Rng(7);
         for round in 0..300 {
             let n = 2 + rng.below(80);
-            let mut ts: Vec<Tensor> = (0..n)
-                .map(|i| {
-                    let f = rng.below(20) as u32;
-                    t(&format!("t{i}"), 1 + rng.below(5_000) as u64, f, f + rng.below(6) as u32)
-                })
-                .collect();
+            let mut ts = random_tensors(&mut rng, n, 1, 5_000, 20, 6);
             if round % 3 == 0 {
                 for x in ts.iter_mut() {
                     x.align = 1 << rng.below(6);
                 }
             }
             let bound = lower_bound(&ts);
-            let mut prev_order: Vec<usize> = (0..n).collect();
-            for k in (1..n).rev() {
-                prev_order.swap(k, rng.below(k + 1));
-            }
+            let prev_order = shuffled(&mut rng, n);
             let mut prev = vec![0u64; n];
             decode(&ts, &prev_order, false, &mut prev);
             // A step of the local search: a swap or a move, then the decode from the first place
