@@ -728,11 +728,10 @@ impl Sums {
             return false;
         }
         // `sum` plus the sums of sets of the tensors left (bit `base`: the empty set), against
-        // the targets other than `sum` itself.
+        // the targets other than `sum` itself (its bit masked out of the comparison).
+        let (bw, bb) = (base / 64, 1u64 << (base % 64));
         let mut reach = vec![0u64; words];
-        reach[base / 64] = 1 << (base % 64);
-        let mut want = self.targets.clone();
-        want[base / 64] &= !(1 << (base % 64));
+        reach[bw] = bb;
         for (k, &sz) in sizes.iter().enumerate() {
             let sh = (sz / self.unit) as usize;
             if banned[k] || base + sh >= words * 64 {
@@ -744,7 +743,12 @@ impl Sums {
                 let hi = if qb == 0 || i == qw { 0 } else { reach[i - qw - 1] >> (64 - qb) };
                 reach[i] |= lo | hi;
             }
-            if reach.iter().zip(&want).any(|(r, w)| r & w != 0) {
+            if reach
+                .iter()
+                .zip(&self.targets)
+                .enumerate()
+                .any(|(i, (r, w))| r & w & if i == bw { !bb } else { !0 } != 0)
+            {
                 return true;
             }
         }
