@@ -81,12 +81,13 @@ fn hard_instances() -> Vec<(String, Vec<Tensor>, u64)> {
 }
 
 /// `search` (1 s) on every hard instance once per seed of the search: per seed, the plans at the
-/// bound, within 1.05x of it and the geometric mean of the ratios; then the means over the seeds.
-fn search_seeds(search_seeds: &[u64]) {
+/// bound, within 1.05x of it and the geometric mean of the ratios; then the means of the three over
+/// the seeds.
+fn search_seeds(seeds_of_search: &[u64]) {
     let instances = hard_instances();
     let count = instances.len() as f64;
     let (mut at_sum, mut within_sum, mut gm_sum) = (0.0, 0.0, 0.0);
-    for &seed in search_seeds {
+    for &seed in seeds_of_search {
         let (mut at_bound, mut within, mut log_sum) = (0, 0, 0.0);
         for (_, ts, opt) in &instances {
             let budget = Budget { max_time: Duration::from_millis(1000), seed, ..Budget::default() };
@@ -102,9 +103,9 @@ fn search_seeds(search_seeds: &[u64]) {
         within_sum += within as f64;
         gm_sum += gm;
     }
-    let k = search_seeds.len() as f64;
+    let k = seeds_of_search.len() as f64;
     println!(
-        "search (1 s), mean of {k} seeds: {:.1} at the bound, {:.1} within 1.05x, geometric mean {:.4}",
+        "search (1 s), mean of {k} seeds: {:.1} at the bound, {:.1} within 1.05x, geometric means {:.4}",
         at_sum / k,
         within_sum / k,
         gm_sum / k
