@@ -1120,20 +1120,21 @@ fn read_off(tensors: &[Tensor], applied: &[Applied], tree: &Tree) -> Option<Vec<
 fn complete(tensors: &[Tensor], offs: &[Option<u64>]) -> Option<(Vec<u64>, u64)> {
     // The partial tiling's tensors, placed once; each completion starts from a copy.
     let mut offsets = vec![0u64; tensors.len()];
-    let mut placed: Vec<super::Placed> = Vec::new();
     let mut top = 0;
-    let mut rest = Vec::new();
+    let (mut tiled, mut rest) = (Vec::new(), Vec::new());
     for (i, t) in tensors.iter().enumerate() {
         match offs[i] {
             Some(o) => {
                 offsets[i] = o;
                 top = top.max(o + t.size);
-                placed.push((o, o + t.size, t.first, t.last));
+                tiled.push(i);
             }
             None => rest.push(i),
         }
     }
-    placed.sort_by_key(|p| p.0);
+    let mut placed = super::Placed::with_capacity(tensors.len());
+    placed.fill(tensors, &tiled, &offsets);
+    let mut scratch = super::Placed::with_capacity(tensors.len());
     let mut best: (Vec<u64>, u64) = (Vec::new(), u64::MAX);
     for by_first in [false, true] {
         let mut order = rest.clone();
@@ -1144,7 +1145,8 @@ fn complete(tensors: &[Tensor], offs: &[Option<u64>]) -> Option<(Vec<u64>, u64)>
         }
         for best_fit in [false, true] {
             let mut o = offsets.clone();
-            let end = top.max(super::fit_into(tensors, &mut placed.clone(), &order, best_fit, &mut o));
+            scratch.copy_from(&placed);
+            let end = top.max(super::fit_into(tensors, &mut scratch, &order, best_fit, &mut o));
             if end < best.1 {
                 best = (o, end);
             }
