@@ -318,7 +318,7 @@ impl Placed {
     /// The entries `base..base + w` (`w` = [`LANES`], or what is left) that share an op with `t`, as
     /// bits of a mask, and `w`: a byte per entry, compared a vector at a time, then eight bytes' low
     /// bits gathered by one multiply.
-    #[inline]
+    #[inline(always)]
     fn meets(&self, t: &Tensor, base: usize) -> (usize, u64) {
         let (tf, tl) = (t.first, t.last);
         let w = (self.len() - base).min(LANES);
@@ -427,23 +427,42 @@ fn overflow(tensors: &[Tensor], offsets: &[u64], bound: u64) -> u64 {
     tensors.iter().zip(offsets).map(|(t, &o)| (o + t.size).saturating_sub(bound)).sum()
 }
 
-/// The lowest-offset [`decode`] of `order` for the local search, given that its first `keep` tensors
-/// are placed as in `prev` (the plan of an order with the same first `keep` tensors: the decoder
-/// places each tensor among those before it only, so they get the same offsets again). Returns the
-/// plan's highest end and the bytes its tensors stick out above `bound`, or `None` as soon as the
-/// plan is sure to compare worse than `limit` by (highest end, bytes above `bound`): both only grow
-/// as tensors are placed. Fills `offsets` for `order`'s tensors (all of them, when it returns a plan).
+/// A step of the local search, as [`decode_from`] uses it: the order before the step and after it
+/// hold the same tensors at every place outside `from..=to`, and inside it the tensors other than
+/// `moved` (one or two; the same twice for one) keep their order among themselves. So a tensor
+/// placed after `from` has the same tensors placed before it in both orders, but for `moved` while
+/// it lies inside `from..=to`.
+#[derive(Clone, Copy, Debug)]
+struct Change {
+    from: usize,
+    to: usize,
+    moved: [usize; 2],
+}
+
+/// Tensors whose lifetimes [`refit`] tracks to know which tensors must be fitted again; past
+/// that many, it fits every one.
+const CHANGED_MAX: usize = 32;
+
+/// The lowest-offset [`decode`] of `order` for the local search, given `prev`: the plan of the order
+/// before `step`. Returns the plan's highest end and the bytes its tensors stick out above `bound`,
+/// or `None` as soon as the plan is sure to compare worse than `limit` by (highest end, bytes above
+/// `bound`): both only grow as tensors are placed. Fills `offsets` for `order`'s tensors (all of
+/// them, when it returns a plan).
+///
+/// The tensors before `step.from` get their offsets in `prev` again (the decoder places each tensor
+/// among those before it only), and [`refit`] fits the others again only where they may move.
 #[allow(clippy::too_many_arguments)]
 fn decode_from(
     tensors: &[Tensor],
     order: &[usize],
-    keep: usize,
+    step: Change,
     prev: &[u64],
     bound: u64,
     limit: (u64, u64),
     placed: &mut Placed,
     offsets: &mut [u64],
 ) -> Option<(u64, u64)> {
+    let keep = step.from;
     let (mut top, mut over) = (0u64, 0u64);
     for &i in &order[..keep] {
         let t = &tensors[i];
@@ -459,17 +478,72 @@ fn decode_from(
     if worse(top, over) {
         return None;
     }
-    for k in keep..order.len() {
-        let i = order[k];
-        fit_into(tensors, placed, &order[k..k + 1], false, offsets);
-        let end = offsets[i] + tensors[i].size;
+    let fitted = refit(tensors, order, step, prev, placed, offsets, |i, off| {
+        let end = off + tensors[i].size;
         top = top.max(end);
         over += end.saturating_sub(bound);
-        if worse(top, over) {
-            return None;
+        !worse(top, over)
+    });
+    fitted.then_some((top, over))
+}
+
+/// Fits `order[step.from..]` at their lowest offsets, one after another, into `placed`, which holds
+/// `order[..step.from]` at their offsets in `prev` (and any tensors fixed beside the order), where
+/// `prev` is the plan of the order before `step` (for the tensors of `order`). Fills `offsets` and
+/// calls `each(tensor, offset)` after each; stops (`false`) as soon as `each` says so.
+///
+/// The decoder places each tensor by the offsets of the tensors placed before it that share an op
+/// with it, and by nothing else. So a tensor gets its offset in `prev` again unless it shares an op
+/// with a *changed* tensor: one of `step.moved` (while inside the window: it is placed before the
+/// tensor in one order and not in the other), or one whose offset came out other than in `prev`.
+/// Only those are fitted again; the plans are the same as fitting every one.
+fn refit(
+    tensors: &[Tensor],
+    order: &[usize],
+    step: Change,
+    prev: &[u64],
+    placed: &mut Placed,
+    offsets: &mut [u64],
+    mut each: impl FnMut(usize, u64) -> bool,
+) -> bool {
+    // The lifetimes of the changed tensors: `step.moved` first (`nmoved` of them, while inside the
+    // window), then the others; `nchanged > CHANGED_MAX` once there were too many to track.
+    let moved: &[usize] = if step.moved[0] == step.moved[1] { &step.moved[..1] } else { &step.moved };
+    let mut changed = [(0u32, 0u32); CHANGED_MAX];
+    for (c, &m) in changed.iter_mut().zip(moved) {
+        *c = (tensors[m].first, tensors[m].last);
+    }
+    let (mut nmoved, mut nchanged) = (moved.len(), moved.len());
+    for (k, &i) in order.iter().enumerate().skip(step.from) {
+        if k == step.to + 1 && nchanged <= CHANGED_MAX {
+            // Past the window: a moved tensor is changed now only if its offset is.
+            let mut kept = 0;
+            for (q, &m) in moved.iter().enumerate() {
+                if offsets[m] != prev[m] {
+                    changed[kept] = changed[q];
+                    kept += 1;
+                }
+            }
+            changed.copy_within(nmoved..nchanged, kept);
+            nchanged -= nmoved - kept;
+            nmoved = 0;
+        }
+        let t = &tensors[i];
+        let again = nchanged > CHANGED_MAX || changed[..nchanged].iter().any(|&(f, l)| f <= t.last && t.first <= l);
+        let (off, within) = if again { placed.lowest(t) } else { (prev[i], 0..placed.len()) };
+        offsets[i] = off;
+        placed.insert(off, t, within);
+        if off != prev[i] && !moved[..nmoved].contains(&i) {
+            if nchanged < CHANGED_MAX {
+                changed[nchanged] = (t.first, t.last);
+            }
+            nchanged += 1;
+        }
+        if !each(i, off) {
+            return false;
         }
     }
-    Some((top, over))
+    true
 }
 
 fn order_by_size(tensors: &[Tensor]) -> Vec<usize> {
@@ -754,17 +828,19 @@ fn local_search(
                 }
             }
         }
-        if !targeted && rng.below(2) == 0 {
+        let step = if !targeted && rng.below(2) == 0 {
             cand.swap(i, j);
+            Change { from: i.min(j), to: i.max(j), moved: [cur[i], cur[j]] }
         } else {
             let x = cand.remove(i);
             cand.insert(j, x);
-        }
+            Change { from: i.min(j), to: i.max(j), moved: [x, x] }
+        };
         // The same decision as decoding the whole candidate and comparing, in less time: the tensors
         // before the first changed place keep their offsets, and the decode stops once the plan can
         // no longer be kept.
         let Some((size, over)) =
-            decode_from(tensors, &cand, i.min(j), &cur_offsets, bound, (cur_size, cur_over), &mut placed, &mut offsets)
+            decode_from(tensors, &cand, step, &cur_offsets, bound, (cur_size, cur_over), &mut placed, &mut offsets)
         else {
             continue;
         };
@@ -809,6 +885,7 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
     let mut cur = done.offsets.clone();
     let mut offsets = cur.clone();
     let mut best_offsets = cur.clone();
+    let mut now_offsets = cur.clone();
     let mut rng = Rng(seed.rotate_left(11) | 3);
     // The highest end per op, of every tensor and of those outside the window.
     let mut sky = vec![0u64; ops];
@@ -893,26 +970,47 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         let start = score(&offsets, top);
         let (mut now, mut best) = (start, start);
         best_offsets.copy_from_slice(&offsets);
+        // The free tensors' offsets in the layout of `order`.
+        for &i in &free {
+            now_offsets[i] = offsets[i];
+        }
         let mut cand = order.clone();
         let m = order.len();
-        for step in 0..50 + 10 * m {
-            if *steps == 0 || (step % 64 == 63 && Instant::now() >= until) {
+        for round in 0..50 + 10 * m {
+            if *steps == 0 || (round % 64 == 63 && Instant::now() >= until) {
                 break;
             }
             charge(steps, m);
             cand.copy_from_slice(&order);
             let (i, j) = (rng.below(m), rng.below(m));
-            if rng.below(2) == 0 {
+            let step = if rng.below(2) == 0 {
                 cand.swap(i, j);
+                Change { from: i.min(j), to: i.max(j), moved: [order[i], order[j]] }
             } else {
                 let x = cand.remove(i);
                 cand.insert(j, x);
-            }
+                Change { from: i.min(j), to: i.max(j), moved: [x, x] }
+            };
+            // The same layout as fitting all of `cand` among the fixed tensors: those before the
+            // first changed place keep their offsets, and `refit` fits the others again where
+            // they may move.
             placed.copy_from(&fixed_set);
-            let top = fit_into(tensors, &mut placed, &cand, false, &mut offsets);
+            let mut top = 0;
+            for &x in &cand[..step.from] {
+                offsets[x] = now_offsets[x];
+                placed.insert(offsets[x], &tensors[x], 0..placed.len());
+                top = top.max(offsets[x] + tensors[x].size);
+            }
+            refit(tensors, &cand, step, &now_offsets, &mut placed, &mut offsets, |x, off| {
+                top = top.max(off + tensors[x].size);
+                true
+            });
             let sc = score(&offsets, top);
             if sc <= now {
                 std::mem::swap(&mut order, &mut cand);
+                for &x in &free {
+                    now_offsets[x] = offsets[x];
+                }
                 now = sc;
                 if sc <= best {
                     best = sc;
@@ -1131,44 +1229,82 @@ mod tests {
     #[test]
     fn the_local_search_decode_agrees_with_a_whole_decode() {
         let mut rng = Rng(7);
-        for round in 0..300 {
-            let n = 2 + rng.below(80);
-            let mut ts = random_tensors(&mut rng, n, 1, 5_000, 20, 6);
+        for round in 0..400 {
+            // Random instances (empty tensors too; few ops or many, so that a step changes few
+            // tensors or more than `CHANGED_MAX`), and tiling ones.
+            let (many, few) = (2 + rng.below(200), 2 + rng.below(80));
+            let mut ts = match round % 4 {
+                0 => hard::tiling(hard::HardSpec::new(40 + rng.below(120), round as u64)),
+                1 => random_tensors(&mut rng, many, 0, 5_000, 80, 6),
+                _ => random_tensors(&mut rng, few, 1, 5_000, 20, 6),
+            };
+            let n = ts.len();
             if round % 3 == 0 {
                 for x in ts.iter_mut() {
                     x.align = 1 << rng.below(6);
                 }
             }
             let bound = lower_bound(&ts);
-            let prev_order = shuffled(&mut rng, n);
+            let mut prev_order = shuffled(&mut rng, n);
             let mut prev = vec![0u64; n];
             decode(&ts, &prev_order, false, &mut prev);
-            // A step of the local search: a swap or a move, then the decode from the first place
-            // that changed, against the whole decode.
-            let (i, j) = (rng.below(n), rng.below(n));
-            let mut order = prev_order.clone();
-            if rng.below(2) == 0 {
-                order.swap(i, j);
-            } else {
-                let x = order.remove(i);
-                order.insert(j, x);
-            }
-            let mut whole = vec![0u64; n];
-            let size = decode(&ts, &order, false, &mut whole);
-            let over = overflow(&ts, &whole, bound);
             let mut placed = Placed::with_capacity(0);
-            let mut offs = vec![u64::MAX; n];
-            let got = decode_from(&ts, &order, i.min(j), &prev, bound, (u64::MAX, u64::MAX), &mut placed, &mut offs);
-            assert_eq!(got, Some((size, over)), "round {round}");
-            assert_eq!(offs, whole, "round {round}");
-            // With a limit: a plan only where the whole decode compares no worse than it.
-            for limit in
-                [(size, over), (size, over.saturating_sub(1)), (size.saturating_sub(1), u64::MAX), (size + 1, 0)]
-            {
-                let got = decode_from(&ts, &order, i.min(j), &prev, bound, limit, &mut placed, &mut offs);
-                assert_eq!(got.is_some(), (size, over) <= limit, "round {round} limit {limit:?}");
+            // Steps of the local search, each from the plan of the one before: a swap or a move,
+            // then the decode from the first place that changed, against the whole decode.
+            for _ in 0..4 {
+                let (i, j) = (rng.below(n), rng.below(n));
+                let mut order = prev_order.clone();
+                let step = if rng.below(2) == 0 {
+                    order.swap(i, j);
+                    Change { from: i.min(j), to: i.max(j), moved: [prev_order[i], prev_order[j]] }
+                } else {
+                    let x = order.remove(i);
+                    order.insert(j, x);
+                    Change { from: i.min(j), to: i.max(j), moved: [x, x] }
+                };
+                let mut whole = vec![0u64; n];
+                let size = decode(&ts, &order, false, &mut whole);
+                let over = overflow(&ts, &whole, bound);
+                // Stale offsets, as the local search leaves them: those of the plan before.
+                let mut offs = prev.clone();
+                let got = decode_from(&ts, &order, step, &prev, bound, (u64::MAX, u64::MAX), &mut placed, &mut offs);
+                assert_eq!(got, Some((size, over)), "round {round} {step:?}");
+                assert_eq!(offs, whole, "round {round} {step:?}");
+                // With a limit: a plan only where the whole decode compares no worse than it.
+                for limit in
+                    [(size, over), (size, over.saturating_sub(1)), (size.saturating_sub(1), u64::MAX), (size + 1, 0)]
+                {
+                    let got = decode_from(&ts, &order, step, &prev, bound, limit, &mut placed, &mut offs);
+                    assert_eq!(got.is_some(), (size, over) <= limit, "round {round} limit {limit:?}");
+                }
+                prev_order = order;
+                prev = whole;
             }
         }
+    }
+
+    #[test]
+    fn the_local_search_decode_fits_again_what_a_moved_tensor_made_room_for() {
+        // `a` moves from first to last: `x` (after `y`, which shares no op with `a`) now fits where
+        // `a` was, while `a`'s offset from the plan before is still in `offsets`.
+        let ts = [t("a", 10, 0, 0), t("y", 3, 5, 5), t("x", 5, 0, 0)];
+        let mut prev = vec![0u64; 3];
+        decode(&ts, &[0, 1, 2], false, &mut prev);
+        assert_eq!(prev, [0, 0, 10]);
+        let step = Change { from: 0, to: 2, moved: [0, 0] };
+        let mut offs = prev.clone();
+        let got = decode_from(
+            &ts,
+            &[1, 2, 0],
+            step,
+            &prev,
+            10,
+            (u64::MAX, u64::MAX),
+            &mut Placed::with_capacity(3),
+            &mut offs,
+        );
+        assert_eq!(got, Some((15, 5)));
+        assert_eq!(offs, [5, 0, 0]);
     }
 
     /// The optimum by brute force: every order, each tensor on top of the placed ones that overlap
