@@ -441,6 +441,22 @@ struct Change {
     moved: [usize; 2],
 }
 
+impl Change {
+    /// Swaps the tensors at places `i` and `j` of `order` (`swap`), or moves the one at `i` to `j`;
+    /// returns the change.
+    fn apply(order: &mut Vec<usize>, swap: bool, i: usize, j: usize) -> Change {
+        let moved = if swap {
+            order.swap(i, j);
+            [order[i], order[j]]
+        } else {
+            let x = order.remove(i);
+            order.insert(j, x);
+            [x, x]
+        };
+        Change { from: i.min(j), to: i.max(j), moved }
+    }
+}
+
 /// Tensors whose lifetimes [`refit`] tracks to know which tensors must be fitted again; past
 /// that many, it fits every one.
 const CHANGED_MAX: usize = 32;
@@ -830,14 +846,7 @@ fn local_search(
                 }
             }
         }
-        let step = if !targeted && rng.below(2) == 0 {
-            cand.swap(i, j);
-            Change { from: i.min(j), to: i.max(j), moved: [cur[i], cur[j]] }
-        } else {
-            let x = cand.remove(i);
-            cand.insert(j, x);
-            Change { from: i.min(j), to: i.max(j), moved: [x, x] }
-        };
+        let step = Change::apply(&mut cand, !targeted && rng.below(2) == 0, i, j);
         // The same decision as decoding the whole candidate and comparing, in less time: the tensors
         // before the first changed place keep their offsets, and the decode stops once the plan can
         // no longer be kept.
@@ -985,14 +994,7 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
             charge(steps, m);
             cand.copy_from_slice(&order);
             let (i, j) = (rng.below(m), rng.below(m));
-            let step = if rng.below(2) == 0 {
-                cand.swap(i, j);
-                Change { from: i.min(j), to: i.max(j), moved: [order[i], order[j]] }
-            } else {
-                let x = cand.remove(i);
-                cand.insert(j, x);
-                Change { from: i.min(j), to: i.max(j), moved: [x, x] }
-            };
+            let step = Change::apply(&mut cand, rng.below(2) == 0, i, j);
             // The same layout as fitting all of `cand` among the fixed tensors: those before the
             // first changed place keep their offsets, and `refit` fits the others again where
             // they may move.
@@ -1256,14 +1258,7 @@ mod tests {
             for _ in 0..4 {
                 let (i, j) = (rng.below(n), rng.below(n));
                 let mut order = prev_order.clone();
-                let step = if rng.below(2) == 0 {
-                    order.swap(i, j);
-                    Change { from: i.min(j), to: i.max(j), moved: [prev_order[i], prev_order[j]] }
-                } else {
-                    let x = order.remove(i);
-                    order.insert(j, x);
-                    Change { from: i.min(j), to: i.max(j), moved: [x, x] }
-                };
+                let step = Change::apply(&mut order, rng.below(2) == 0, i, j);
                 let mut whole = vec![0u64; n];
                 let size = decode(&ts, &order, false, &mut whole);
                 let over = overflow(&ts, &whole, bound);
