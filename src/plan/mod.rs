@@ -429,7 +429,7 @@ fn overflow(tensors: &[Tensor], offsets: &[u64], bound: u64) -> u64 {
     tensors.iter().zip(offsets).map(|(t, &o)| (o + t.size).saturating_sub(bound)).sum()
 }
 
-/// A step of the local search, as [`decode_from`] uses it: the order before the step and after it
+/// A step of the local search or of a window repair, as [`refit`] uses it: the order before the step and after it
 /// hold the same tensors at every place outside `from..=to`, and inside it the tensors other than
 /// `moved` (one or two; the same twice for one) keep their order among themselves. So a tensor
 /// placed after `from` has the same tensors placed before it in both orders, but for `moved` while
@@ -965,22 +965,21 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         let window_top = fixed_sky[w0..=w1].iter().copied().max().unwrap_or(0);
         // (plan size, highest end over the window, bytes above the bound) of the free tensors' layout
         // (each of them lives in the window).
-        let score = |offsets: &[u64], top: u64| -> (u64, u64, u64) {
-            let mut high = window_top;
-            let mut over = 0;
+        let score = |offsets: &[u64]| -> (u64, u64, u64) {
+            let (mut top, mut over) = (0, 0);
             for &i in &free {
                 let end = offsets[i] + tensors[i].size;
                 over += end.saturating_sub(bound);
-                high = high.max(end);
+                top = top.max(end);
             }
-            (top.max(fixed_top), high, over)
+            (top.max(fixed_top), top.max(window_top), over)
         };
         let mut order = free.clone();
         order.sort_by_key(|&i| (cur[i], i));
         placed.copy_from(&fixed_set);
         charge(steps, free.len());
-        let top = fit_into(tensors, &mut placed, &order, false, &mut offsets);
-        let start = score(&offsets, top);
+        fit_into(tensors, &mut placed, &order, false, &mut offsets);
+        let start = score(&offsets);
         let (mut now, mut best) = (start, start);
         best_offsets.copy_from_slice(&offsets);
         // The free tensors' offsets in the layout of `order`.
@@ -1001,17 +1000,12 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
             // first changed place keep their offsets, and `refit` fits the others again where
             // they may move.
             placed.copy_from(&fixed_set);
-            let mut top = 0;
             for &x in &cand[..step.from] {
                 offsets[x] = now_offsets[x];
                 placed.insert(offsets[x], &tensors[x], 0..placed.len());
-                top = top.max(offsets[x] + tensors[x].size);
             }
-            refit(tensors, &cand, step, &now_offsets, &mut placed, &mut offsets, |x, off| {
-                top = top.max(off + tensors[x].size);
-                true
-            });
-            let sc = score(&offsets, top);
+            refit(tensors, &cand, step, &now_offsets, &mut placed, &mut offsets, |_, _| true);
+            let sc = score(&offsets);
             if sc <= now {
                 std::mem::swap(&mut order, &mut cand);
                 for &x in &free {
