@@ -62,7 +62,7 @@ _STATS_FIELDS = (
     "purged_bytes", "caches_created", "caches_adopted", "caches_abandoned", "arena_chunks_released",
     "budget_refusals", "oom_refusals", "lock_contended", "lock_wait_ns", "run_cache_hits", "run_cache_bytes",
     "os_mmap_calls", "os_munmap_calls", "os_madvise_calls", "os_mprotect_calls", "os_mremap_calls", "page_faults",
-    "live_bytes", "in_use_bytes", "peak_in_use_bytes", "large_bytes",
+    "live_bytes", "in_use_bytes", "peak_in_use_bytes", "large_bytes", "moved_bytes",
 )
 _CLASS_FIELDS = ("size", "slots_in_use", "slots_reserved", "allocations", "frees")
 

@@ -348,7 +348,8 @@ fn large_block(
     load: bool,
     moving: usize,
 ) -> Option<(*mut u8, usize)> {
-    let (p, flags, bytes, resident) = heap::alloc_large_moving(size, align, load, moving)?;
+    let fill_from = (!zeroed).then_some(moving);
+    let (p, flags, bytes, resident) = heap::alloc_large_moving(size, align, load, moving, fill_from)?;
     stats::add(&COUNTERS.large_allocs, 1);
     if load && prefault && !zeroed && bytes - resident >= PREFAULT_MIN && heap::load_prefault() {
         // SAFETY: a page-aligned, read-write run of `bytes` that this call owns, mostly fresh pages

@@ -49,6 +49,7 @@
 //! only what the free lists would hold dirty anyway.
 
 use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER, SEALED, USED};
@@ -371,6 +372,7 @@ fn init_slow() -> bool {
         init::open_startup_phase(&st.opts);
         MAX_BLOCK.store(1 << top, Ordering::Relaxed);
         LOAD_PREFAULT.store(st.opts.get(options::LOAD_PREFAULT) != 0, Ordering::Relaxed);
+        MOVE_PAGES.store(st.opts.get(options::MOVE_PAGES) != 0 && !crate::valgrind::active(), Ordering::Relaxed);
         REGION.base.store(st.base, Ordering::Relaxed);
         REGION.map.store(st.map, Ordering::Relaxed);
         REGION.slabs.store(st.slabs, Ordering::Relaxed);
@@ -747,6 +749,25 @@ impl Inner {
         batch.more = if batch.n == PURGE_BATCH { want } else { 0 };
     }
 
+    /// Takes dirty free blocks, largest first (the fewest blocks, and the longest runs of resident
+    /// pages, for the bytes), out of the free lists into `batch`, until they hold `want` dirty bytes
+    /// or the batch is full: their resident pages are to move into the block being allocated
+    /// instead of being purged while its fresh pages fault in ([`PurgeBatch::run_fills`]). Returns
+    /// the dirty bytes taken, at most `want`.
+    #[inline(never)]
+    fn take_for_fill(&mut self, want: usize, batch: &mut PurgeBatch) -> usize {
+        let mut got = 0;
+        while got < want && batch.nfill < FILL_BATCH {
+            let Some((idx, order, flags, dirty)) = self.buddy.take_dirty_largest() else { break };
+            batch.fills[batch.nfill] = MaybeUninit::new((idx, order, flags));
+            batch.nfill += 1;
+            self.in_flight += 1 << order;
+            got += dirty;
+        }
+        batch.owed += got.min(want);
+        got.min(want)
+    }
+
     /// About to hand out `bytes` of clean memory (new page faults) for a block or run of `request`
     /// bytes: first purge as much dirty memory beyond the threshold, so that waiting free memory
     /// never raises the resident set. Inside a load phase, at once (the loader's peak is what
@@ -789,6 +810,11 @@ impl Inner {
                 ceiling = ceiling.min(self.run_in_use_high.max(self.in_use_once()) + keep);
             }
             want = want.min(self.settled_bytes().saturating_sub(ceiling));
+        }
+        if want >= MOVE_MIN && batch.fill_cap > 0 {
+            // What must leave the resident set moves into the block being allocated instead, as far
+            // as it can (the rest is purged when it cannot: `PurgeBatch::run_fills`).
+            want -= self.take_for_fill(want.min(batch.fill_cap), batch);
         }
         if want > 0 {
             self.purge_soon(want, keep, batch);
@@ -960,7 +986,15 @@ impl Inner {
                 } else {
                     self.grown += fresh;
                 }
+                let to_fill = fresh.saturating_sub(self.moving);
+                batch.fill_cap =
+                    if batch.may_fill && to_fill >= MOVE_MIN && self.buddy.dirty_bytes > 0 && os::moves_possible() {
+                        to_fill
+                    } else {
+                        0
+                    };
                 self.make_room(fresh, bytes, batch);
+                batch.fill_cap = 0;
             }
             if self.limit != 0 && self.os_bytes() > self.limit && !self.move_fits(idx, fresh) {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
@@ -1011,6 +1045,20 @@ fn purge_pages(idx: u32, order: u32, dirty: usize, secure: bool) -> Option<u8> {
     Some(if secure && unsafe { os::protect(p, len, false) } { SEALED } else { 0 })
 }
 
+/// Fresh bytes from which an allocation (or a block grown in place) takes the resident pages of
+/// free blocks instead ([`Inner::take_for_fill`]), and a block that `realloc` moves has its pages
+/// moved ([`move_out`]). Below, faulting pages in costs little more than the move's system call and
+/// the mapping that each move adds (see [`os::move_pages`]).
+const MOVE_MIN: usize = 1 << 20;
+
+/// Fewest pages one move takes ([`PurgeBatch::fill`], [`move_into_holes`]): each move is a system
+/// call and may add mappings, which a process has a limited number of (see [`os::move_pages`]).
+const MOVE_RUN: usize = 16;
+
+/// Most dirty free blocks one allocation takes out of the free lists to move their pages into its
+/// block ([`Inner::take_for_fill`]).
+const FILL_BATCH: usize = 32;
+
 /// Most dirty blocks one decay takes out of the free lists to purge outside the lock.
 const PURGE_BATCH: usize = 8;
 
@@ -1025,20 +1073,182 @@ struct PurgeBatch {
     /// more only above them (`make_room` for a large request keeps less than `retain_now`).
     keep: usize,
     secure: bool,
+    /// Where the pages of the blocks being purged may go instead ([`PurgeBatch::fill`]): the part
+    /// of a block just allocated, not handed out yet, from `fill` to `fill_end` (page addresses;
+    /// equal when there is none). `moved` counts the bytes moved there.
+    fill: usize,
+    fill_end: usize,
+    moved: usize,
+    /// Whether the allocation under way may take dirty free blocks to move their pages into its
+    /// block ([`Inner::take_for_fill`]); `fills[..nfill]` are those taken (page index, order,
+    /// flags; written before `nfill` counts them, so that a batch costs nothing to make), put back
+    /// by [`PurgeBatch::run`] with the pages moved out of them clean.
+    may_fill: bool,
+    fills: [MaybeUninit<(u32, u32, u8)>; FILL_BATCH],
+    nfill: usize,
+    /// The dirty bytes of `fills` that the allocation counted on moving, and so did not make room
+    /// for ([`PurgeBatch::run_fills`] purges what does not move).
+    owed: usize,
+    /// Of the fresh bytes of the allocation under way, those that free blocks' pages may move into
+    /// (0: none; set around [`Inner::make_room`]).
+    fill_cap: usize,
 }
 
 impl PurgeBatch {
     const fn new() -> Self {
-        PurgeBatch { blocks: [(0, 0, 0, 0); PURGE_BATCH], n: 0, more: 0, keep: 0, secure: false }
+        PurgeBatch {
+            blocks: [(0, 0, 0, 0); PURGE_BATCH],
+            n: 0,
+            more: 0,
+            keep: 0,
+            secure: false,
+            fill: 0,
+            fill_end: 0,
+            moved: 0,
+            may_fill: false,
+            fills: [MaybeUninit::uninit(); FILL_BATCH],
+            nfill: 0,
+            owed: 0,
+            fill_cap: 0,
+        }
+    }
+
+    /// The next run of pages of the fill range that hold nothing resident: its address and length
+    /// (within one look of `mincore`), or `None` when the range has no more (or `mincore` failed:
+    /// then the range is dropped).
+    #[inline(never)]
+    fn next_hole(&mut self) -> Option<(usize, usize)> {
+        let mut res = [0u8; 256];
+        while self.fill < self.fill_end {
+            let span = (self.fill_end - self.fill).min(res.len() * PAGE);
+            let pages = span / PAGE;
+            if !os::resident_pages(self.fill as *mut u8, span, &mut res) {
+                break;
+            }
+            let mut h = 0;
+            while h < pages {
+                if res[h] & 1 != 0 {
+                    h += 1;
+                    continue;
+                }
+                let n = res[h..pages].iter().position(|r| r & 1 != 0).unwrap_or(pages - h);
+                // Holes shorter than a move's least are left to fault in (one cut by the end of
+                // this look, where the range goes on, is taken as it is).
+                if n >= MOVE_RUN || (h + n == pages && self.fill + span < self.fill_end) {
+                    return Some((self.fill + h * PAGE, n * PAGE));
+                }
+                h += n;
+            }
+            self.fill += span;
+        }
+        self.fill_end = self.fill;
+        None
+    }
+
+    /// Moves the resident pages of the free block of `len` bytes at `src` (taken out of the free
+    /// lists for this batch) into the pages of the fill range that hold nothing resident, in address
+    /// order, as far as the range has room. Returns how much of the block, from its start, holds
+    /// nothing resident now. A page moved there instead of left or purged here is one page fault
+    /// fewer and one page fewer to zero, at the same resident set.
+    #[inline(never)]
+    fn fill(&mut self, src: usize, len: usize) -> usize {
+        let mut res = [0u8; 256];
+        let mut off = 0;
+        while off < len {
+            let span = (len - off).min(res.len() * PAGE);
+            let pages = span / PAGE;
+            if self.fill >= self.fill_end || !os::resident_pages((src + off) as *mut u8, span, &mut res) {
+                return off;
+            }
+            let mut i = 0;
+            while i < pages {
+                if res[i] & 1 == 0 {
+                    i += 1;
+                    continue;
+                }
+                let end = i + res[i..pages].iter().position(|r| r & 1 == 0).unwrap_or(pages - i);
+                while i < end {
+                    // A run of resident pages shorter than a move's least (but one cut by the end
+                    // of this look, where the block goes on) stays, and the block's pages after it
+                    // too: what this returns is a prefix.
+                    if end - i < MOVE_RUN && (end < pages || off + span == len) {
+                        return off + i * PAGE;
+                    }
+                    let Some((at, room)) = self.next_hole() else { return off + i * PAGE };
+                    let n = ((end - i) * PAGE).min(room);
+                    // SAFETY: `src + off + i * PAGE..` lies in a free block taken out of the free
+                    // lists for this batch (nobody else can reach it, and what it holds is dead);
+                    // `at..at + n` in the block being allocated, not handed out yet. Both are page
+                    // aligned heap pages, and they do not overlap (one is free, the other taken).
+                    if !unsafe { os::move_pages((src + off + i * PAGE) as *mut u8, at as *mut u8, n) } {
+                        self.fill_end = self.fill;
+                        return off + i * PAGE;
+                    }
+                    self.fill = at + n;
+                    self.moved += n;
+                    stats::add(&MOVED_BYTES, n);
+                    i += n / PAGE;
+                }
+            }
+            off += span;
+        }
+        len
+    }
+
+    /// Moves the resident pages of the blocks taken to fill ([`Inner::take_for_fill`]) into the
+    /// fill range, and puts them back on the free lists, the pages moved out of them clean. (Out of
+    /// line, in the library's cold code with the rest of the moves: most processes never move pages.)
+    #[cold]
+    #[inline(never)]
+    fn run_fills(&mut self) {
+        let mut clean = [0u32; FILL_BATCH];
+        for (k, c) in clean.iter_mut().enumerate().take(self.nfill) {
+            // SAFETY: `fills[..nfill]` were written by `take_for_fill`.
+            let (idx, order, _) = unsafe { self.fills[k].assume_init() };
+            if self.fill < self.fill_end {
+                *c = (self.fill(addr_of(idx), 1usize << order) / PAGE) as u32;
+            }
+        }
+        with_heap(|h| {
+            // The dirty pages that the blocks' emptied prefixes held (moved, or counted dirty but not
+            // resident) left the dirty bytes.
+            let mut cleared = 0;
+            for (k, &c) in clean[..self.nfill].iter().enumerate() {
+                // SAFETY: written by `take_for_fill` (k < nfill); the block was taken by take_dirty
+                // for this batch and not put back since; its first `c` pages hold nothing resident
+                // (moved out, or never resident).
+                unsafe {
+                    let (idx, order, flags) = self.fills[k].assume_init();
+                    cleared += h.buddy.put_back_cleaned(idx, order, flags, c) as usize * PAGE;
+                    h.in_flight -= 1 << order;
+                }
+            }
+            self.nfill = 0;
+            // The allocation made room for the dirty bytes it counted on moving (`owed`): as many as
+            // are still dirty (runs too short, no holes left, a refusal) are purged instead, smallest
+            // blocks first as any purge, so that the resident set is what it would have been.
+            let owed = core::mem::take(&mut self.owed).saturating_sub(cleared);
+            if owed > 0 {
+                h.purge_soon(owed, 0, self);
+            }
+        });
     }
 
     /// Purges the blocks (the heap unlocked) and puts them back on the free lists, clean, under the
     /// lock; a block the OS refused to purge goes back dirty. When the batch was too small for what
     /// was asked, takes the next blocks (as many as are still beyond the threshold) and goes on.
     fn run(&mut self) {
+        if self.nfill > 0 {
+            self.run_fills();
+        }
         while self.n > 0 {
             let mut flags = [0u8; PURGE_BATCH];
-            for (f, &(idx, order, old, dirty)) in flags.iter_mut().zip(&self.blocks[..self.n]) {
+            for (k, f) in flags.iter_mut().enumerate().take(self.n) {
+                let (idx, order, old, dirty) = self.blocks[k];
+                if self.fill < self.fill_end {
+                    // What must go may move into the block being allocated first.
+                    self.fill(addr_of(idx), 1usize << order);
+                }
                 *f = match purge_pages(idx, order, dirty, self.secure) {
                     Some(extra) => (old & !DIRTY) | extra,
                     None => old,
@@ -1096,11 +1306,14 @@ const BUSY_RETRIES: usize = 100_000;
 
 /// [`with_heap_then_purge`] for an allocation `f`: grows the region without the lock when `f` asks
 /// for it, and waits (yielding) while another thread grows it or has blocks out for purging.
-fn alloc_retrying<R>(mut f: impl FnMut(&mut Inner, bool, &mut PurgeBatch) -> Result<R, Miss>) -> Option<R> {
+fn alloc_retrying<R>(mut f: impl FnMut(&mut Inner, bool, &mut PurgeBatch) -> Result<R, Miss>) -> Option<(R, usize)> {
     let mut may_grow = true;
     for _ in 0..BUSY_RETRIES {
-        match with_heap_then_purge(|h, batch| f(h, may_grow, batch)) {
-            Ok(r) => return Some(r),
+        let mut batch = PurgeBatch::new();
+        let r = with_heap(|h| f(h, may_grow, &mut batch));
+        batch.run();
+        match r {
+            Ok(r) => return Some((r, batch.moved)),
             Err(Miss::Refused) => return None,
             Err(Miss::Busy) => os::sleep_ns(20_000),
             Err(Miss::Grow(g)) => {
@@ -1161,6 +1374,7 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
         }
         Ok((p, flags & (DIRTY | USED) != 0))
     })
+    .map(|(r, _)| r)
 }
 
 /// Allocates a large block: a run of whole pages holding `size` bytes at alignment `align` (both at
@@ -1169,14 +1383,20 @@ pub fn alloc_block(order: u32, kind: PageKind, load: bool) -> Option<(*mut u8, b
 /// fresh pages, known zero and not resident), the run's size, and the bytes of it already resident
 /// (dirty pages reused).
 pub fn alloc_large(size: usize, align: usize, load: bool) -> Option<(*mut u8, u8, usize, usize)> {
-    alloc_large_moving(size, align, load, 0)
+    alloc_large_moving(size, align, load, 0, None)
 }
 
 /// [`alloc_large`] for a block that `realloc` moves a live block of `moving` bytes into (then
 /// [`move_out`], which gives the old block's pages back as the new one's fresh pages fault in, up to
 /// `moving`): the peak of bytes taken from the OS, and a memory budget, count the new block without
 /// as many of the old block's bytes, but for one piece, as the process never holds both whole.
-pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) -> Option<(*mut u8, u8, usize, usize)> {
+pub fn alloc_large_moving(
+    size: usize,
+    align: usize,
+    load: bool,
+    moving: usize,
+    fill_from: Option<usize>,
+) -> Option<(*mut u8, u8, usize, usize)> {
     if !ensure_init() {
         return None;
     }
@@ -1188,6 +1408,7 @@ pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) 
         }
         let peak0 = h.peak;
         h.moving = moving;
+        batch.may_fill = fill_from.is_some() && !h.secure && h.limit == 0 && moves_allowed();
         let took = h.alloc(order, PageKind::Large, run, may_grow, batch);
         h.moving = 0;
         let (idx, flags) = took?;
@@ -1199,8 +1420,33 @@ pub fn alloc_large_moving(size: usize, align: usize, load: bool, moving: usize) 
         if moving > 0 {
             h.unpeak_move(peak0, (bytes - resident).min(moving));
         }
+        if let Some(from) = fill_from {
+            if resident < bytes && batch.may_fill {
+                batch.fill = addr_of(idx) + (from & !(PAGE - 1)).min(bytes);
+                batch.fill_end = addr_of(idx) + bytes;
+            }
+        }
         Ok((addr_of(idx) as *mut u8, flags, bytes, resident))
     })
+    .map(|((p, flags, bytes, resident), moved)| {
+        // Moved pages hold what their block held: the block may read non-zero. (They went where no
+        // page was resident, but the dirty pages counted in `resident` need not all be: at most
+        // the block's bytes.)
+        let flags = if moved > 0 { flags | USED | DIRTY } else { flags };
+        (p, flags, bytes, (resident + moved).min(bytes))
+    })
+}
+
+/// Bytes of pages moved between heap blocks ([`Stats::moved_bytes`]).
+static MOVED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// `EDGEPOOL_MOVE_PAGES`, published by [`ensure_init`]: off under valgrind, which would not know
+/// where the moved pages' contents went.
+static MOVE_PAGES: AtomicBool = AtomicBool::new(false);
+
+/// Whether pages may move between heap blocks ([`os::move_pages`]).
+fn moves_allowed() -> bool {
+    MOVE_PAGES.load(Ordering::Relaxed)
 }
 
 /// Frees a block allocated by [`alloc_block`] or [`alloc_large`]. Returns whether a load phase
@@ -1296,47 +1542,60 @@ unsafe fn return_pages(p: *mut u8, len: usize) -> bool {
     false
 }
 
-/// Copies the first `len` bytes of the large block `p` to `q` and frees `p`, giving `p`'s pages back
+/// Moves the first `len` bytes of the large block `p` to `q` and frees `p`. Where `q`'s pages hold
+/// nothing resident, `p`'s pages move there ([`move_into_holes`], `EDGEPOOL_MOVE_PAGES`: no copy,
+/// no page fault); elsewhere, and where pages cannot move, they are copied, and `p`'s pages go back
 /// to the OS piece by piece as they are copied, until `give_back` bytes (the new block's fresh
 /// pages, which fault in as they are written) went back: a block grown by moving then holds at the
 /// peak its new size plus one piece, where a copy then a free held both (`scripts/grow-buffer.c`, a
 /// buffer doubled to 128 MiB: 193.6 MiB at the peak before, 129.6 after). A new block of resident
 /// free memory raises no peak, and the old block's pages stay resident for reuse. The freed block
-/// goes to the free lists clean where it was given back (`USED`), dirty elsewhere. Returns what
-/// [`free_block`] returns. Not under `EDGEPOOL_SECURE` (its purged pages are sealed; the caller
-/// copies and frees there).
+/// goes to the free lists clean where its pages moved or went back (`USED`), dirty elsewhere.
+/// Returns what [`free_block`] returns. Not under `EDGEPOOL_SECURE` (its purged pages are sealed;
+/// the caller copies and frees there).
 ///
 /// # Safety
 /// - `p` is the head of a live large block (from [`alloc_large`]) that the caller gives up, `q` a
 ///   live block of at least `len` bytes, distinct from `p`, and `len` at most `p`'s size.
 pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> (bool, usize) {
-    let mut clean = 0usize;
+    // Ranges of `p`'s pages that hold nothing any more (page offsets and counts): moved into `q`,
+    // or given back to the OS.
+    let mut gone = Gone { ranges: [(0, 0); GONE_RANGES], n: 0 };
     let mut off = 0usize;
+    let whole = len & !(PAGE - 1);
+    if whole >= MOVE_MIN && moves_allowed() && os::moves_possible() {
+        // SAFETY: forwarded contract.
+        off = unsafe { move_into_holes(p, q, whole, &mut gone) };
+    }
+    let mut given = 0usize;
     while off < len {
         let n = (len - off).min(MOVE_PIECE);
         // SAFETY: both blocks are live and distinct, and hold `len` bytes (caller's contract); the
         // piece of `p` is ours (the block is given up, nothing else reads it) and no longer needed
-        // once copied. A piece that cannot be given back whole ends the giving back: the pages from
-        // it on stay dirty.
+        // once copied. A piece that cannot be given back ends the giving back.
         unsafe {
             core::ptr::copy_nonoverlapping(p.add(off), q.add(off), n);
-            if clean == off && clean < give_back && return_pages(p.add(off), n) {
-                clean = off + n;
-                stats::add(&COUNTERS.purges, 1);
-                stats::add(&COUNTERS.purged_bytes, n);
+            if given < give_back && gone.room(off) {
+                if !return_pages(p.add(off), n) {
+                    given = usize::MAX;
+                } else {
+                    gone.add(off, n);
+                    given += n;
+                    stats::add(&COUNTERS.purges, 1);
+                    stats::add(&COUNTERS.purged_bytes, n);
+                }
             }
         }
         off += n;
     }
-    let clean_pages = (clean / PAGE) as u32;
     with_heap_then_purge(|h, batch| {
         let idx = index_of(p as usize);
-        // SAFETY: p is the head of a live run given up by the caller; its first `clean_pages` pages
-        // were purged above after their last write.
+        // SAFETY: p is the head of a live run given up by the caller; the pages of `gone` were given
+        // back or moved out after their last write.
         let (load, n) = unsafe {
             let e = h.buddy.entry(idx);
             let n = h.buddy.run_pages(idx);
-            h.buddy.free_run_purged_prefix(idx, clean_pages.min(n));
+            h.buddy.free_run_cleaned(idx, 0, gone.ranges());
             (e.load == RUN_LOAD, n as usize * PAGE)
         };
         h.large_bytes -= n;
@@ -1344,6 +1603,94 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
         (load, n)
     })
 }
+
+/// Ranges of a block's pages that hold nothing any more ([`move_out`]): page offsets and counts,
+/// in address order, a range that continues the last one joined to it.
+struct Gone {
+    ranges: [(u32, u32); GONE_RANGES],
+    n: usize,
+}
+
+impl Gone {
+    /// Whether a range from byte `off` can be recorded.
+    fn room(&self, off: usize) -> bool {
+        self.n < GONE_RANGES || self.joins(off)
+    }
+
+    fn joins(&self, off: usize) -> bool {
+        self.n > 0 && {
+            let (at, m) = self.ranges[self.n - 1];
+            (at + m) as usize * PAGE == off
+        }
+    }
+
+    /// Records `[off, off + len)` (whole pages; `room(off)` said yes).
+    fn add(&mut self, off: usize, len: usize) {
+        let pages = (len / PAGE) as u32;
+        if self.joins(off) {
+            self.ranges[self.n - 1].1 += pages;
+        } else if self.n < GONE_RANGES {
+            self.ranges[self.n] = ((off / PAGE) as u32, pages);
+            self.n += 1;
+        }
+    }
+
+    fn ranges(&self) -> &[(u32, u32)] {
+        &self.ranges[..self.n]
+    }
+}
+
+/// The part of [`move_out`] where pages may move, over `q`'s first `whole` bytes, run by run of
+/// its pages: where they hold nothing resident, `p`'s pages move there (a run of at least
+/// [`MOVE_RUN`] pages), or are copied and given back (as the copy faults `q`'s pages in); where
+/// they are resident (free memory reused), a copy, and `p`'s pages there stay resident, free.
+/// Returns how far it went (all of `whole` unless `mincore` failed: the rest is the caller's).
+/// (Out of line, in the library's cold code with the rest of the moves.)
+///
+/// # Safety
+/// - as [`move_out`]; `whole` is a multiple of [`PAGE`], at most `len`.
+#[cold]
+#[inline(never)]
+unsafe fn move_into_holes(p: *mut u8, q: *mut u8, whole: usize, gone: &mut Gone) -> usize {
+    let mut res = [0u8; 256];
+    let mut off = 0;
+    while off < whole {
+        let span = (whole - off).min(res.len() * PAGE);
+        let pages = span / PAGE;
+        // SAFETY: `q..q + whole` is a live block of ours; mincore only reads the page tables.
+        if !os::resident_pages(unsafe { q.add(off) }, span, &mut res) {
+            break;
+        }
+        let mut i = 0;
+        while i < pages {
+            let hole = res[i] & 1 == 0;
+            let end = i + res[i..pages].iter().position(|r| (r & 1 == 0) != hole).unwrap_or(pages - i);
+            let (at, n) = (off + i * PAGE, (end - i) * PAGE);
+            // SAFETY: both blocks are live, page aligned and distinct, and hold `whole` bytes
+            // (caller's contract); nothing uses `q` yet, nor `p` any more: `p`'s pages may move out
+            // or go back once copied, and a hole of `q` holds nothing to keep.
+            unsafe {
+                if hole && n >= MOVE_RUN * PAGE && gone.room(at) && os::move_pages(p.add(at), q.add(at), n) {
+                    gone.add(at, n);
+                    stats::add(&MOVED_BYTES, n);
+                } else {
+                    core::ptr::copy_nonoverlapping(p.add(at), q.add(at), n);
+                    if hole && gone.room(at) && return_pages(p.add(at), n) {
+                        gone.add(at, n);
+                        stats::add(&COUNTERS.purges, 1);
+                        stats::add(&COUNTERS.purged_bytes, n);
+                    }
+                }
+            }
+            i = end;
+        }
+        off += span;
+    }
+    off
+}
+
+/// Most ranges of pages that [`move_out`] records as gone (beyond, it copies and keeps them).
+const GONE_RANGES: usize = 32;
 
 /// `PageEntry::load` of a live large block's head: allocated outside a load phase.
 pub const RUN_LIVE: u8 = 0;
@@ -1457,11 +1804,24 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
             h.large_bytes = h.large_bytes + n * PAGE - m * PAGE;
             return None;
         }
-        // Clean pages claimed fault in when used: make room as for any clean allocation.
+        // Clean pages claimed fault in when used: make room as for any clean allocation (what must
+        // leave the resident set may move into them instead).
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
         if clean > 0 {
             h.pool_flush();
+            if clean >= MOVE_MIN
+                && h.buddy.dirty_bytes > 0
+                && !h.secure
+                && h.limit == 0
+                && moves_allowed()
+                && os::moves_possible()
+            {
+                batch.fill_cap = clean;
+                batch.fill = p as usize + n * PAGE;
+                batch.fill_end = p as usize + m * PAGE;
+            }
             h.make_room(clean, m * PAGE, batch);
+            batch.fill_cap = 0;
         }
         h.note_peak();
         Some(m * PAGE)
@@ -1549,6 +1909,7 @@ pub fn stats() -> Stats {
         os_mprotect_calls: calls.mprotect.load(Ordering::Relaxed),
         os_mremap_calls: calls.mremap.load(Ordering::Relaxed),
         page_faults: os::page_faults() as usize,
+        moved_bytes: MOVED_BYTES.load(Ordering::Relaxed),
         ..Stats::default()
     };
     if is_ready() {

@@ -51,9 +51,10 @@ pub const DEBUG: usize = 15;
 pub const PROFILE: usize = 16;
 pub const REUSE_SLACK: usize = 17;
 pub const RETAIN_PERCENT: usize = 18;
+pub const MOVE_PAGES: usize = 19;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 19] = [
+pub const OPTIONS: [OptionDef; 20] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -167,6 +168,12 @@ pub const OPTIONS: [OptionDef; 19] = [
         kind: Kind::Size,
         default: 50,
         description: "percent: outside load phases, a process that churns (one that reused more freed memory than its heap grew by) keeps free memory resident up to this share of its bytes in use, when that is more than RETAIN, until trim() or a phase's end",
+    },
+    OptionDef {
+        name: "MOVE_PAGES",
+        kind: Kind::Bool,
+        default: 1,
+        description: "where free memory must leave the resident set as a large block's fresh pages fault in, its resident pages move into the block instead (mremap, Linux 5.7+), and realloc moves a large block's pages instead of copying them; 0 = purge and fault in, copy",
     },
 ];
 

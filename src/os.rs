@@ -6,7 +6,7 @@
 //! runtime is ready, and from the dynamic loader's own `malloc` calls when preloaded.
 
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// The allocator's calls into the OS's memory map, counted for the statistics (relaxed adds, on the
 /// paths that make the call anyway).
@@ -390,6 +390,191 @@ pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
     } else {
         q.cast()
     }
+}
+
+/// Set once the kernel refused a move of pages as unsupported ([`move_pages`]): no more tries.
+static MOVES_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// A bound on the process's mappings: the last count ([`count_maps`]) plus [`MOVE_MAPS`] per move
+/// of pages tried since. Starts high, so that the first move counts them.
+static MAPS_BOUND: AtomicUsize = AtomicUsize::new(usize::MAX / 2);
+/// Moves refused by the bound ([`moves_possible`]): it lets one through to count again every
+/// [`RECOUNT_EVERY`].
+static MAPS_REFUSED: AtomicUsize = AtomicUsize::new(0);
+/// Set when [`moves_possible`] let a move through to count the mappings again.
+static MAPS_RECOUNT: AtomicBool = AtomicBool::new(true);
+/// Set while a thread counts the mappings.
+static MAPS_COUNTING: AtomicBool = AtomicBool::new(false);
+/// Mappings moves may take the process to: a quarter of `vm.max_map_count` (0 until read).
+static MAPS_LIMIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Mappings one move of pages may add: the target's mapping split around it (two), the moved pages
+/// a mapping of their own (one), and one for the source's.
+const MOVE_MAPS: usize = 4;
+/// Refused moves between two counts of the mappings once the bound is reached.
+const RECOUNT_EVERY: usize = 1024;
+
+/// The process's mappings: the lines of `/proc/self/maps`, read a page at a time (no allocation).
+/// `None` if it cannot be read.
+fn count_maps() -> Option<usize> {
+    let mut buf = [0u8; 4096];
+    // SAFETY: the path is NUL-terminated; reads go into `buf`, within its length; the descriptor is
+    // closed before returning. errno is preserved.
+    unsafe {
+        let e = errno();
+        let fd = libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            set_errno(e);
+            return None;
+        }
+        let mut lines = 0;
+        let ok = loop {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if n < 0 {
+                break false;
+            }
+            if n == 0 {
+                break true;
+            }
+            lines += buf[..n as usize].iter().filter(|&&b| b == b'\n').count();
+        };
+        libc::close(fd);
+        set_errno(e);
+        ok.then_some(lines)
+    }
+}
+
+/// Whether a move of pages may add mappings now: the bound on the process's mappings stays a
+/// quarter of `vm.max_map_count` below it (each move splits the heap's mapping; pages moved keep
+/// their own mapping until purged with it). Above, moves stop, and the mappings are counted again
+/// when [`moves_possible`] lets a try through (every [`RECOUNT_EVERY`] refusals), so that moves start
+/// again once the mappings are fewer. Without `/proc`, no moves. (Reads files: outside every lock.)
+fn maps_allow_move() -> bool {
+    let mut limit = MAPS_LIMIT.load(Ordering::Relaxed);
+    if limit == 0 {
+        let mut buf = [0u8; 32];
+        let n = read_small_file(c"/proc/sys/vm/max_map_count", &mut buf);
+        let max = buf[..n]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .fold(0usize, |v, &b| v.saturating_mul(10).saturating_add((b - b'0') as usize));
+        limit = if max == 0 { 65530 / 4 } else { max / 4 };
+        MAPS_LIMIT.store(limit, Ordering::Relaxed);
+    }
+    if MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit {
+        return true;
+    }
+    if !MAPS_RECOUNT.swap(false, Ordering::Relaxed) || MAPS_COUNTING.swap(true, Ordering::Acquire) {
+        return false;
+    }
+    let n = count_maps().unwrap_or(usize::MAX / 2);
+    MAPS_BOUND.store(n, Ordering::Relaxed);
+    MAPS_COUNTING.store(false, Ordering::Release);
+    n.saturating_add(MOVE_MAPS) <= limit
+}
+
+/// Whether a move of pages may be tried now (cheap, for the heap's lock: no file is read): the
+/// kernel did not refuse one as unsupported, and the bound on the process's mappings leaves room,
+/// or it is time to count them again (every [`RECOUNT_EVERY`] refusals; the move counts).
+pub fn moves_possible() -> bool {
+    if MOVES_UNSUPPORTED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let limit = MAPS_LIMIT.load(Ordering::Relaxed);
+    if limit == 0 || MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit {
+        return true;
+    }
+    if MAPS_REFUSED.fetch_add(1, Ordering::Relaxed) % RECOUNT_EVERY == 0 {
+        MAPS_RECOUNT.store(true, Ordering::Relaxed);
+        return true;
+    }
+    false
+}
+
+/// Sets the mappings that moves of pages may take the process to (instead of a quarter of
+/// `vm.max_map_count`). For the tests.
+#[doc(hidden)]
+pub fn set_move_maps_limit(maps: usize) {
+    MAPS_LIMIT.store(maps.max(1), Ordering::Relaxed);
+    MAPS_REFUSED.store(0, Ordering::Relaxed);
+    MAPS_RECOUNT.store(true, Ordering::Relaxed);
+}
+
+/// The process's mappings now (the lines of `/proc/self/maps`), or `None`. For the tests.
+#[doc(hidden)]
+pub fn mappings() -> Option<usize> {
+    count_maps()
+}
+
+/// Moves the pages of `[src, src+len)` to `[dst, dst+len)` (`mremap` with `MREMAP_FIXED` and
+/// `MREMAP_DONTUNMAP`, Linux 5.7+): what was resident at `src` is resident at `dst` with its
+/// contents, without a copy or a page fault, and `src` stays mapped with nothing resident (it reads
+/// zero, as after [`purge`]); what `dst` held is dropped. Returns `false` if it did not move (the
+/// process has too many mappings for more, [`maps_allow_move`], or the kernel refused); `src` is
+/// then as it was, and `dst` holds what it held or, where a kernel unmapped it before it refused,
+/// nothing (mapped again, fresh). A kernel that refuses moves (too old, or most of them) gets no
+/// more. errno is preserved.
+///
+/// # Safety
+/// - both ranges are page aligned, do not overlap, and lie in the committed part of the heap's
+///   region (read-write, `MAP_NORESERVE`); nobody uses either while this runs, and nothing of
+///   either is needed but what moves.
+pub unsafe fn move_pages(src: *mut u8, dst: *mut u8, len: usize) -> bool {
+    if MOVES_UNSUPPORTED.load(Ordering::Relaxed) || !maps_allow_move() {
+        return false;
+    }
+    MAPS_BOUND.fetch_add(MOVE_MAPS, Ordering::Relaxed);
+    // SAFETY: the caller's contract; a refused move changes nothing but the target, mapped again
+    // below with the flags of the heap's committed region.
+    unsafe {
+        let e = errno();
+        count(&OS_CALLS.mremap);
+        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+        let q = libc::mremap(src.cast(), len, len, flags, dst.cast::<c_void>());
+        if q != libc::MAP_FAILED {
+            MOVE_OKS.fetch_add(1, Ordering::Relaxed);
+            set_errno(e);
+            return true;
+        }
+        // A kernel without MREMAP_DONTUNMAP (before 5.7) refuses every move at its flags; one that
+        // refuses many moves otherwise (a source across mappings, on older kernels) is not worth
+        // asking.
+        let fails = MOVE_FAILS.fetch_add(1, Ordering::Relaxed) + 1;
+        if errno() == libc::EINVAL || (fails > 64 && fails * 4 > MOVE_OKS.load(Ordering::Relaxed)) {
+            MOVES_UNSUPPORTED.store(true, Ordering::Relaxed);
+        }
+        // Some kernels unmap the target before they find that they cannot move the source: map it
+        // again where it is unmapped (`mincore` refuses unmapped pages).
+        if !mapped(dst, len) {
+            count(&OS_CALLS.mmap);
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let map = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+            if libc::mmap(dst.cast(), len, prot, map, -1, 0) == libc::MAP_FAILED {
+                fatal(b"mremap left a hole in the heap that mmap could not fill");
+            }
+        }
+        set_errno(e);
+        false
+    }
+}
+
+/// Moves of pages that worked, and that the kernel refused ([`move_pages`]).
+static MOVE_OKS: AtomicUsize = AtomicUsize::new(0);
+static MOVE_FAILS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether every page of `[p, p+len)` (page aligned) is mapped.
+fn mapped(p: *mut u8, len: usize) -> bool {
+    let mut res = [0u8; 256];
+    let mut off = 0;
+    while off < len {
+        let span = (len - off).min(res.len() * PAGE);
+        // SAFETY: mincore only reads the page tables and writes a byte per page into `res`.
+        if unsafe { libc::mincore(p.add(off).cast(), span, res.as_mut_ptr()) } != 0 {
+            return false;
+        }
+        off += span;
+    }
+    true
 }
 
 /// The process id (a system call: for slow paths).
@@ -890,4 +1075,61 @@ pub fn rss_bytes() -> usize {
     fields.next();
     let resident = fields.next().unwrap_or(b"").iter().take_while(|c| c.is_ascii_digit());
     resident.fold(0usize, |n, &c| n.saturating_mul(10).saturating_add((c - b'0') as usize)) * os_page_size()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mappings_are_counted_as_the_kernel_lists_them() {
+        let a = count_maps().unwrap();
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let b = count_maps().unwrap();
+        let lines = text.lines().count();
+        // Other tests map and unmap meanwhile: the file read in between lies between the two counts,
+        // give or take a few.
+        assert!(lines + 8 >= a.min(b) && lines <= a.max(b) + 8, "{a} {lines} {b}");
+    }
+
+    /// A move the kernel refuses leaves the target mapped, writable and reading zero, and the
+    /// source as it was.
+    #[test]
+    fn a_refused_move_leaves_the_target_usable() {
+        let len = 4 * PAGE;
+        let flags = libc::MAP_NORESERVE;
+        let dst = mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE, flags);
+        let src = mmap_anon(len, libc::PROT_READ | libc::PROT_WRITE, flags);
+        assert!(!dst.is_null() && !src.is_null());
+        // SAFETY: both mappings are this test's; `src`'s second half is unmapped below, so a move
+        // from there must fail (nothing is mapped there to move).
+        unsafe {
+            dst.write_bytes(7, len);
+            src.write_bytes(9, len);
+            unmap(src.add(2 * PAGE), 2 * PAGE);
+            assert!(!move_pages(src.add(2 * PAGE), dst, 2 * PAGE), "a move of unmapped pages succeeded");
+            // As it was, or unmapped by the kernel and mapped again, fresh.
+            let was = *dst;
+            assert!(was == 7 || was == 0, "{was}");
+            assert!((0..2 * PAGE).step_by(512).all(|i| *dst.add(i) == was), "the target changed in part");
+            assert!((2 * PAGE..len).step_by(512).all(|i| *dst.add(i) == 7), "beyond the target changed");
+            dst.write_bytes(3, len);
+            assert_eq!(*dst.add(len - 1), 3);
+            assert!((0..2 * PAGE).all(|i| *src.add(i) == 9), "the source changed");
+            // And a move that works carries the pages over, leaving the source reading zero.
+            assert!(move_pages(src, dst, 2 * PAGE));
+            assert!((0..2 * PAGE).all(|i| *dst.add(i) == 9) && *dst.add(2 * PAGE) == 3);
+            assert!((0..2 * PAGE).all(|i| *src.add(i) == 0));
+            // Below the mappings' limit, no move; above it again, moves.
+            set_move_maps_limit(1);
+            assert!(!move_pages(dst, src, 2 * PAGE), "a move beyond the mappings' limit");
+            assert!((0..2 * PAGE).all(|i| *dst.add(i) == 9), "a move refused by the limit changed the source");
+            set_move_maps_limit(usize::MAX / 4);
+            assert!(move_pages(dst, src, 2 * PAGE), "moves did not start again");
+            assert!((0..2 * PAGE).all(|i| *src.add(i) == 9));
+            MAPS_LIMIT.store(0, Ordering::Relaxed);
+            unmap(src, 2 * PAGE);
+            unmap(dst, len);
+        }
+    }
 }

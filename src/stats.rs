@@ -201,6 +201,10 @@ pub struct Stats {
     pub peak_in_use_bytes: usize,
     /// Bytes in live large blocks (including the freed runs that threads' run caches hold).
     pub large_bytes: usize,
+    /// Bytes of resident pages moved between heap blocks instead of purged in one and faulted in,
+    /// zeroed, in the other (`mremap`: a freed block's pages into a large block being allocated, a
+    /// large block's pages into the block that `realloc` moves it to).
+    pub moved_bytes: usize,
     /// Per size class, in the order of [`crate::classes::CLASS_SIZES`]: slots in use and reserved.
     pub classes: [ClassStats; NCLASSES],
 }
@@ -258,6 +262,7 @@ impl Stats {
             ("in_use_bytes", self.in_use_bytes),
             ("peak_in_use_bytes", self.peak_in_use_bytes),
             ("large_bytes", self.large_bytes),
+            ("moved_bytes", self.moved_bytes),
         ])
     }
 

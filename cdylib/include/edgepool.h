@@ -73,6 +73,7 @@ struct edgepool_stats {
     uint64_t in_use_bytes;           /* bytes in allocated heap blocks (slabs whole) and direct mappings */
     uint64_t peak_in_use_bytes;      /* the highest in_use_bytes seen */
     uint64_t large_bytes;            /* bytes in live large blocks (threads' cached runs included) */
+    uint64_t moved_bytes;            /* resident pages moved between heap blocks (mremap) instead of purged and faulted in */
 };
 int edgepool_stats(struct edgepool_stats *out, size_t size);
 /* Fragmentation, as edgepool_print_stats prints it: 1 - live_bytes / os_bytes (0 when os_bytes is 0). */

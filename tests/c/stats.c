@@ -31,7 +31,7 @@ int main(void) {
     F(arena_chunks_released); F(budget_refusals); F(oom_refusals); F(lock_contended); F(lock_wait_ns);
     F(run_cache_hits); F(run_cache_bytes); F(os_mmap_calls); F(os_munmap_calls); F(os_madvise_calls);
     F(os_mprotect_calls); F(os_mremap_calls); F(page_faults); F(live_bytes); F(in_use_bytes);
-    F(peak_in_use_bytes); F(large_bytes);
+    F(peak_in_use_bytes); F(large_bytes); F(moved_bytes);
     printf("classes n=%d m=%d\n", n, m);
     for (int i = 0; i < n && i < 64; i++)
         printf("class %llu %llu %llu %llu %llu\n", (unsigned long long)cs[i].size,
