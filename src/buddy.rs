@@ -892,16 +892,7 @@ impl Buddy {
     /// nothing) until [`Buddy::put_back`] returns it. Returns its page index, order and flags, and
     /// the bytes of its dirty pages.
     pub fn take_dirty(&mut self) -> Option<(u32, u32, u8, usize)> {
-        self.take_dirty_from(self.nonempty[1].trailing_zeros() as usize)
-    }
-
-    /// [`Buddy::take_dirty`], the largest free dirty block instead of the smallest.
-    pub fn take_dirty_largest(&mut self) -> Option<(u32, u32, u8, usize)> {
-        self.take_dirty_from((u32::BITS - 1).wrapping_sub(self.nonempty[1].leading_zeros()) as usize)
-    }
-
-    /// Takes the first dirty free block of order `h + MIN_ORDER` (see [`Buddy::take_dirty`]).
-    fn take_dirty_from(&mut self, h: usize) -> Option<(u32, u32, u8, usize)> {
+        let h = self.nonempty[1].trailing_zeros() as usize;
         if h >= NORDERS {
             return None;
         }
@@ -931,23 +922,6 @@ impl Buddy {
             }
             self.merge_in(idx, order, flags);
         }
-    }
-
-    /// Returns a block taken by [`Buddy::take_dirty`] to the free lists, its first `clean` pages
-    /// marked clean (their resident pages moved elsewhere) and the others as they were, merging it
-    /// with its buddies. Returns how many of those first pages had been dirty.
-    ///
-    /// # Safety
-    /// - `(idx, order)` was returned by `take_dirty` and not put back since, `flags` are the flags it
-    ///   was taken with, and its first `clean` pages (at most its pages) hold nothing resident.
-    pub unsafe fn put_back_cleaned(&mut self, idx: u32, order: u32, flags: u8, clean: u32) -> u32 {
-        let was = self.set_dirty(idx, clean.min(pages(order)), false);
-        // SAFETY: taken by take_dirty, so allocated to the caller, who gives it up; `push` takes
-        // its DIRTY flag from the bits.
-        unsafe {
-            self.merge_in(idx, order, flags);
-        }
-        was
     }
 
     /// Marks the free block at `idx` clean after a successful purge, and merges it with its clean
@@ -1359,38 +1333,6 @@ mod tests {
             assert_eq!(b.dirty_bytes, (40 - 16) * PAGE);
             assert_eq!(b.count_dirty(f + 10, 4) + b.count_dirty(f + 20, 8) + b.count_dirty(f, 4), 0);
             assert_eq!(b.count_dirty(f + 4, 6) + b.count_dirty(f + 14, 6) + b.count_dirty(f + 28, 12), 24);
-        });
-    }
-
-    #[test]
-    fn blocks_taken_to_move_pages_out_go_back_with_their_moved_prefix_clean() {
-        with_buddy(20, 1, |b| {
-            // A dirty block of 16 pages and one of 64 (a live block keeps either from merging with
-            // its buddy): the largest is taken first.
-            let (s, _) = b.alloc(16, META).unwrap();
-            let (live, _) = b.alloc(16, META).unwrap();
-            let (l, _) = b.alloc(18, META).unwrap();
-            assert_eq!((s, live, l), (0, 16, 64));
-            free(b, s, 16, DIRTY);
-            free(b, l, 18, DIRTY);
-            let dirty = b.dirty_bytes;
-            let (idx, order, flags, d) = b.take_dirty_largest().unwrap();
-            assert_eq!((idx, order, d), (l, 18, 64 * PAGE));
-            assert_eq!(b.dirty_bytes, dirty - d, "a block taken out is out of the dirty bytes");
-            // SAFETY: taken just above; its first 40 pages "moved out".
-            assert_eq!(unsafe { b.put_back_cleaned(idx, order, flags, 40) }, 40);
-            b.check().unwrap();
-            assert_eq!(b.dirty_bytes, dirty - 40 * PAGE);
-            assert_eq!(b.count_dirty(l, 40), 0);
-            assert_eq!(b.count_dirty(l + 40, 24), 24);
-            // Then the smallest-first taking still finds the 16-page block.
-            let (idx, order, _, _) = b.take_dirty().unwrap();
-            assert_eq!((idx, order), (s, 16));
-            // SAFETY: taken just above, put back as it was.
-            unsafe { b.put_back(idx, order, DIRTY | USED) };
-            b.check().unwrap();
-            let (_, _, _, rest) = b.take_dirty_largest().unwrap();
-            assert_eq!(rest, 24 * PAGE, "the rest of the large block is dirty");
         });
     }
 

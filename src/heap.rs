@@ -49,7 +49,6 @@
 //! only what the free lists would hold dirty anyway.
 
 use core::cell::UnsafeCell;
-use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::buddy::{self, Buddy, PageEntry, PageKind, DIRTY, MIN_ORDER, SEALED, USED};
@@ -749,25 +748,6 @@ impl Inner {
         batch.more = if batch.n == PURGE_BATCH { want } else { 0 };
     }
 
-    /// Takes dirty free blocks, largest first (the fewest blocks, and the longest runs of resident
-    /// pages, for the bytes), out of the free lists into `batch`, until they hold `want` dirty bytes
-    /// or the batch is full: their resident pages are to move into the block being allocated
-    /// instead of being purged while its fresh pages fault in ([`PurgeBatch::run_fills`]). Returns
-    /// the dirty bytes taken, at most `want`.
-    #[inline(never)]
-    fn take_for_fill(&mut self, want: usize, batch: &mut PurgeBatch) -> usize {
-        let mut got = 0;
-        while got < want && batch.nfill < FILL_BATCH {
-            let Some((idx, order, flags, dirty)) = self.buddy.take_dirty_largest() else { break };
-            batch.fills[batch.nfill] = MaybeUninit::new((idx, order, flags));
-            batch.nfill += 1;
-            self.in_flight += 1 << order;
-            got += dirty;
-        }
-        batch.owed += got.min(want);
-        got.min(want)
-    }
-
     /// About to hand out `bytes` of clean memory (new page faults) for a block or run of `request`
     /// bytes: first purge as much dirty memory beyond the threshold, so that waiting free memory
     /// never raises the resident set. Inside a load phase, at once (the loader's peak is what
@@ -810,11 +790,6 @@ impl Inner {
                 ceiling = ceiling.min(self.run_in_use_high.max(self.in_use_once()) + keep);
             }
             want = want.min(self.settled_bytes().saturating_sub(ceiling));
-        }
-        if want >= MOVE_MIN && batch.fill_cap > 0 {
-            // What must leave the resident set moves into the block being allocated instead, as far
-            // as it can (the rest is purged when it cannot: `PurgeBatch::run_fills`).
-            want -= self.take_for_fill(want.min(batch.fill_cap), batch);
         }
         if want > 0 {
             self.purge_soon(want, keep, batch);
@@ -986,15 +961,7 @@ impl Inner {
                 } else {
                     self.grown += fresh;
                 }
-                let to_fill = fresh.saturating_sub(self.moving);
-                batch.fill_cap =
-                    if batch.may_fill && to_fill >= MOVE_MIN && self.buddy.dirty_bytes > 0 && os::moves_possible() {
-                        to_fill
-                    } else {
-                        0
-                    };
                 self.make_room(fresh, bytes, batch);
-                batch.fill_cap = 0;
             }
             if self.limit != 0 && self.os_bytes() > self.limit && !self.move_fits(idx, fresh) {
                 // Given back in the state it was taken in: a refused clean block is not dirty.
@@ -1046,18 +1013,14 @@ fn purge_pages(idx: u32, order: u32, dirty: usize, secure: bool) -> Option<u8> {
 }
 
 /// Fresh bytes from which an allocation (or a block grown in place) takes the resident pages of
-/// free blocks instead ([`Inner::take_for_fill`]), and a block that `realloc` moves has its pages
-/// moved ([`move_out`]). Below, faulting pages in costs little more than the move's system call and
-/// the mapping that each move adds (see [`os::move_pages`]).
+/// the free blocks it purges to make room ([`PurgeBatch::fill`]), and a block that `realloc` moves
+/// has its pages moved ([`move_out`]). Below, faulting pages in costs little more than the move's
+/// system call and the mapping that each move adds (see [`os::move_pages`]).
 const MOVE_MIN: usize = 1 << 20;
 
 /// Fewest pages one move takes ([`PurgeBatch::fill`], [`move_into_holes`]): each move is a system
 /// call and may add mappings, which a process has a limited number of (see [`os::move_pages`]).
 const MOVE_RUN: usize = 16;
-
-/// Most dirty free blocks one allocation takes out of the free lists to move their pages into its
-/// block ([`Inner::take_for_fill`]).
-const FILL_BATCH: usize = 32;
 
 /// Most dirty blocks one decay takes out of the free lists to purge outside the lock.
 const PURGE_BATCH: usize = 8;
@@ -1079,19 +1042,6 @@ struct PurgeBatch {
     fill: usize,
     fill_end: usize,
     moved: usize,
-    /// Whether the allocation under way may take dirty free blocks to move their pages into its
-    /// block ([`Inner::take_for_fill`]); `fills[..nfill]` are those taken (page index, order,
-    /// flags; written before `nfill` counts them, so that a batch costs nothing to make), put back
-    /// by [`PurgeBatch::run`] with the pages moved out of them clean.
-    may_fill: bool,
-    fills: [MaybeUninit<(u32, u32, u8)>; FILL_BATCH],
-    nfill: usize,
-    /// The dirty bytes of `fills` that the allocation counted on moving, and so did not make room
-    /// for ([`PurgeBatch::run_fills`] purges what does not move).
-    owed: usize,
-    /// Of the fresh bytes of the allocation under way, those that free blocks' pages may move into
-    /// (0: none; set around [`Inner::make_room`]).
-    fill_cap: usize,
 }
 
 impl PurgeBatch {
@@ -1105,11 +1055,6 @@ impl PurgeBatch {
             fill: 0,
             fill_end: 0,
             moved: 0,
-            may_fill: false,
-            fills: [MaybeUninit::uninit(); FILL_BATCH],
-            nfill: 0,
-            owed: 0,
-            fill_cap: 0,
         }
     }
 
@@ -1195,52 +1140,10 @@ impl PurgeBatch {
         len
     }
 
-    /// Moves the resident pages of the blocks taken to fill ([`Inner::take_for_fill`]) into the
-    /// fill range, and puts them back on the free lists, the pages moved out of them clean. (Out of
-    /// line, in the library's cold code with the rest of the moves: most processes never move pages.)
-    #[cold]
-    #[inline(never)]
-    fn run_fills(&mut self) {
-        let mut clean = [0u32; FILL_BATCH];
-        for (k, c) in clean.iter_mut().enumerate().take(self.nfill) {
-            // SAFETY: `fills[..nfill]` were written by `take_for_fill`.
-            let (idx, order, _) = unsafe { self.fills[k].assume_init() };
-            if self.fill < self.fill_end {
-                *c = (self.fill(addr_of(idx), 1usize << order) / PAGE) as u32;
-            }
-        }
-        with_heap(|h| {
-            // The dirty pages that the blocks' emptied prefixes held (moved, or counted dirty but not
-            // resident) left the dirty bytes.
-            let mut cleared = 0;
-            for (k, &c) in clean[..self.nfill].iter().enumerate() {
-                // SAFETY: written by `take_for_fill` (k < nfill); the block was taken by take_dirty
-                // for this batch and not put back since; its first `c` pages hold nothing resident
-                // (moved out, or never resident).
-                unsafe {
-                    let (idx, order, flags) = self.fills[k].assume_init();
-                    cleared += h.buddy.put_back_cleaned(idx, order, flags, c) as usize * PAGE;
-                    h.in_flight -= 1 << order;
-                }
-            }
-            self.nfill = 0;
-            // The allocation made room for the dirty bytes it counted on moving (`owed`): as many as
-            // are still dirty (runs too short, no holes left, a refusal) are purged instead, smallest
-            // blocks first as any purge, so that the resident set is what it would have been.
-            let owed = core::mem::take(&mut self.owed).saturating_sub(cleared);
-            if owed > 0 {
-                h.purge_soon(owed, 0, self);
-            }
-        });
-    }
-
     /// Purges the blocks (the heap unlocked) and puts them back on the free lists, clean, under the
     /// lock; a block the OS refused to purge goes back dirty. When the batch was too small for what
     /// was asked, takes the next blocks (as many as are still beyond the threshold) and goes on.
     fn run(&mut self) {
-        if self.nfill > 0 {
-            self.run_fills();
-        }
         while self.n > 0 {
             let mut flags = [0u8; PURGE_BATCH];
             for (k, f) in flags.iter_mut().enumerate().take(self.n) {
@@ -1408,7 +1311,6 @@ pub fn alloc_large_moving(
         }
         let peak0 = h.peak;
         h.moving = moving;
-        batch.may_fill = fill_from.is_some() && !h.secure && h.limit == 0 && moves_allowed();
         let took = h.alloc(order, PageKind::Large, run, may_grow, batch);
         h.moving = 0;
         let (idx, flags) = took?;
@@ -1421,8 +1323,10 @@ pub fn alloc_large_moving(
             h.unpeak_move(peak0, (bytes - resident).min(moving));
         }
         if let Some(from) = fill_from {
-            if resident < bytes && batch.may_fill {
-                batch.fill = addr_of(idx) + (from & !(PAGE - 1)).min(bytes);
+            // The blocks purged to make room for this one's fresh pages move there instead.
+            let from = (from & !(PAGE - 1)).min(bytes);
+            if batch.n > 0 && bytes - from >= MOVE_MIN && resident < bytes && may_move(h) {
+                batch.fill = addr_of(idx) + from;
                 batch.fill_end = addr_of(idx) + bytes;
             }
         }
@@ -1447,6 +1351,12 @@ static MOVE_PAGES: AtomicBool = AtomicBool::new(false);
 /// Whether pages may move between heap blocks ([`os::move_pages`]).
 fn moves_allowed() -> bool {
     MOVE_PAGES.load(Ordering::Relaxed)
+}
+
+/// Whether the blocks that the allocation under way purges may move into it instead: moves on, no
+/// budget (which counts every byte as it goes) and no hardened mode (whose purged blocks are sealed).
+fn may_move(h: &Inner) -> bool {
+    moves_allowed() && !h.secure && h.limit == 0 && os::moves_possible()
 }
 
 /// Frees a block allocated by [`alloc_block`] or [`alloc_large`]. Returns whether a load phase
@@ -1809,19 +1719,11 @@ pub unsafe fn resize_in_place(p: *mut u8, new_size: usize) -> Option<usize> {
         let clean = (free0 - h.buddy.free_bytes).saturating_sub(dirty0 - h.buddy.dirty_bytes);
         if clean > 0 {
             h.pool_flush();
-            if clean >= MOVE_MIN
-                && h.buddy.dirty_bytes > 0
-                && !h.secure
-                && h.limit == 0
-                && moves_allowed()
-                && os::moves_possible()
-            {
-                batch.fill_cap = clean;
+            h.make_room(clean, m * PAGE, batch);
+            if batch.n > 0 && clean >= MOVE_MIN && may_move(h) {
                 batch.fill = p as usize + n * PAGE;
                 batch.fill_end = p as usize + m * PAGE;
             }
-            h.make_room(clean, m * PAGE, batch);
-            batch.fill_cap = 0;
         }
         h.note_peak();
         Some(m * PAGE)
