@@ -1092,18 +1092,18 @@ impl PurgeBatch {
 
     /// Moves the resident pages of the free block of `len` bytes at `src` (taken out of the free
     /// lists for this batch) into the pages of the fill range that hold nothing resident, in address
-    /// order, as far as the range has room. Returns how much of the block, from its start, holds
-    /// nothing resident now. A page moved there instead of left or purged here is one page fault
-    /// fewer and one page fewer to zero, at the same resident set.
+    /// order, as far as the range has room (the block is purged after, so what stays goes then). A
+    /// page moved there instead of purged here is one page fault fewer and one page fewer to zero,
+    /// at the same resident set.
     #[inline(never)]
-    fn fill(&mut self, src: usize, len: usize) -> usize {
+    fn fill(&mut self, src: usize, len: usize) {
         let mut res = [0u8; 256];
         let mut off = 0;
         while off < len {
             let span = (len - off).min(res.len() * PAGE);
             let pages = span / PAGE;
             if self.fill >= self.fill_end || !os::resident_pages((src + off) as *mut u8, span, &mut res) {
-                return off;
+                return;
             }
             let mut i = 0;
             while i < pages {
@@ -1115,11 +1115,11 @@ impl PurgeBatch {
                 while i < end {
                     // A run of resident pages shorter than a move's least (but one cut by the end
                     // of this look, where the block goes on) stays, and the block's pages after it
-                    // too: what this returns is a prefix.
+                    // too.
                     if end - i < MOVE_RUN && (end < pages || off + span == len) {
-                        return off + i * PAGE;
+                        return;
                     }
-                    let Some((at, room)) = self.next_hole() else { return off + i * PAGE };
+                    let Some((at, room)) = self.next_hole() else { return };
                     let n = ((end - i) * PAGE).min(room);
                     // SAFETY: `src + off + i * PAGE..` lies in a free block taken out of the free
                     // lists for this batch (nobody else can reach it, and what it holds is dead);
@@ -1127,7 +1127,7 @@ impl PurgeBatch {
                     // aligned heap pages, and they do not overlap (one is free, the other taken).
                     if !unsafe { os::move_pages((src + off + i * PAGE) as *mut u8, at as *mut u8, n) } {
                         self.fill_end = self.fill;
-                        return off + i * PAGE;
+                        return;
                     }
                     self.fill = at + n;
                     self.moved += n;
@@ -1137,7 +1137,6 @@ impl PurgeBatch {
             }
             off += span;
         }
-        len
     }
 
     /// Purges the blocks (the heap unlocked) and puts them back on the free lists, clean, under the

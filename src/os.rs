@@ -568,8 +568,7 @@ fn mapped(p: *mut u8, len: usize) -> bool {
     let mut off = 0;
     while off < len {
         let span = (len - off).min(res.len() * PAGE);
-        // SAFETY: mincore only reads the page tables and writes a byte per page into `res`.
-        if unsafe { libc::mincore(p.add(off).cast(), span, res.as_mut_ptr()) } != 0 {
+        if !resident_pages(p.wrapping_add(off), span, &mut res) {
             return false;
         }
         off += span;
