@@ -772,28 +772,20 @@ impl Buddy {
         }
     }
 
-    /// Frees the run whose head is `idx`, its first `clean` pages already returned to the OS (they
-    /// read as zero, but were handed out: `USED`), and the pages of `moved` (offsets in the run and
-    /// counts) moved elsewhere ([`os::move_pages`]: they hold nothing), the rest dirty.
+    /// Frees the run whose head is `idx`, the pages of `gone` (offsets in the run and counts) already
+    /// moved elsewhere ([`os::move_pages`]) or returned to the OS: they hold nothing (they read as
+    /// zero, but were handed out: `USED`); the rest dirty.
     ///
     /// # Safety
-    /// - as [`Buddy::free_run`]; `clean` is at most the run's length, and its first `clean` pages
-    ///   were purged after their last write; the ranges of `moved` lie inside the run and their pages
-    ///   were moved out after their last write.
-    pub unsafe fn free_run_cleaned(&mut self, idx: u32, clean: u32, moved: &[(u32, u32)]) {
+    /// - as [`Buddy::free_run`]; the ranges of `gone` lie inside the run and their pages were moved
+    ///   out or purged after their last write.
+    pub unsafe fn free_run_cleaned(&mut self, idx: u32, gone: &[(u32, u32)]) {
         // SAFETY: idx is the head of a live run (caller's contract), below frontier; its pages are
         // the caller's, and the bits say which of them are dirty before they are merged.
         unsafe {
             let n = self.run_pages(idx);
-            debug_assert!(clean <= n);
-            let clean = clean.min(n);
-            if clean > 0 {
-                self.set_dirty(idx, clean, false);
-            }
-            if clean < n {
-                self.set_dirty(idx + clean, n - clean, true);
-            }
-            for &(at, m) in moved {
+            self.set_dirty(idx, n, true);
+            for &(at, m) in gone {
                 debug_assert!(at + m <= n);
                 self.set_dirty(idx + at.min(n), m.min(n - at.min(n)), false);
             }
@@ -1298,12 +1290,12 @@ mod tests {
     }
 
     #[test]
-    fn a_run_freed_with_a_purged_prefix_counts_only_the_rest_dirty() {
+    fn a_run_freed_with_pages_gone_counts_only_the_rest_dirty() {
         with_buddy(18, 1, |b| {
             let total = b.free_bytes;
             let (a, _) = b.alloc_run(40, MIN_ORDER).unwrap();
             // SAFETY: a live run of 40 pages, given up once; its first 24 pages "were purged".
-            unsafe { b.free_run_cleaned(a, 24, &[]) };
+            unsafe { b.free_run_cleaned(a, &[(0, 24)]) };
             b.check().unwrap();
             assert_eq!(b.free_bytes, total);
             assert_eq!(b.dirty_bytes, 16 * PAGE);
@@ -1318,17 +1310,17 @@ mod tests {
             // A whole prefix and none.
             let (d, _) = b.alloc_run(8, MIN_ORDER).unwrap();
             // SAFETY: as above.
-            unsafe { b.free_run_cleaned(d, 8, &[]) };
+            unsafe { b.free_run_cleaned(d, &[(0, 8)]) };
             let (e, _) = b.alloc_run(8, MIN_ORDER).unwrap();
             // SAFETY: as above.
-            unsafe { b.free_run_cleaned(e, 0, &[]) };
+            unsafe { b.free_run_cleaned(e, &[]) };
             b.check().unwrap();
             assert_eq!(b.free_bytes, total);
-            // Ranges whose pages moved out are clean too, with or without a purged prefix.
+            // Ranges whose pages moved out are clean too, several in one run.
             b.purge(usize::MAX, |_, _, _| Some(0));
             let (f, _) = b.alloc_run(40, MIN_ORDER).unwrap();
             // SAFETY: a live run of 40 pages, given up once; pages 0-3, 10-13 and 20-27 "moved".
-            unsafe { b.free_run_cleaned(f, 4, &[(10, 4), (20, 8)]) };
+            unsafe { b.free_run_cleaned(f, &[(0, 4), (10, 4), (20, 8)]) };
             b.check().unwrap();
             assert_eq!(b.dirty_bytes, (40 - 16) * PAGE);
             assert_eq!(b.count_dirty(f + 10, 4) + b.count_dirty(f + 20, 8) + b.count_dirty(f, 4), 0);

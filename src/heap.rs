@@ -1076,7 +1076,7 @@ impl PurgeBatch {
                     h += 1;
                     continue;
                 }
-                let n = res[h..pages].iter().position(|r| r & 1 != 0).unwrap_or(pages - h);
+                let n = run_end(&res[..pages], h) - h;
                 // Holes shorter than a move's least are left to fault in (one cut by the end of
                 // this look, where the range goes on, is taken as it is).
                 if n >= MOVE_RUN || (h + n == pages && self.fill + span < self.fill_end) {
@@ -1111,7 +1111,7 @@ impl PurgeBatch {
                     i += 1;
                     continue;
                 }
-                let end = i + res[i..pages].iter().position(|r| r & 1 == 0).unwrap_or(pages - i);
+                let end = run_end(&res[..pages], i);
                 while i < end {
                     // A run of resident pages shorter than a move's least (but one cut by the end
                     // of this look, where the block goes on) stays, and the block's pages after it
@@ -1196,10 +1196,16 @@ pub fn max_block() -> usize {
 /// Runs `f` with the heap locked and a batch of blocks to purge, then purges them with the heap
 /// unlocked.
 fn with_heap_then_purge<R>(f: impl FnOnce(&mut Inner, &mut PurgeBatch) -> R) -> R {
+    with_heap_then_purge_moved(f).0
+}
+
+/// [`with_heap_then_purge`], with the bytes the batch moved rather than purged
+/// ([`PurgeBatch::fill`]).
+fn with_heap_then_purge_moved<R>(f: impl FnOnce(&mut Inner, &mut PurgeBatch) -> R) -> (R, usize) {
     let mut batch = PurgeBatch::new();
     let r = with_heap(|h| f(h, &mut batch));
     batch.run();
-    r
+    (r, batch.moved)
 }
 
 /// How often an allocation waits for another thread's growth or purge before it gives up (a
@@ -1211,11 +1217,9 @@ const BUSY_RETRIES: usize = 100_000;
 fn alloc_retrying<R>(mut f: impl FnMut(&mut Inner, bool, &mut PurgeBatch) -> Result<R, Miss>) -> Option<(R, usize)> {
     let mut may_grow = true;
     for _ in 0..BUSY_RETRIES {
-        let mut batch = PurgeBatch::new();
-        let r = with_heap(|h| f(h, may_grow, &mut batch));
-        batch.run();
+        let (r, moved) = with_heap_then_purge_moved(|h, batch| f(h, may_grow, batch));
         match r {
-            Ok(r) => return Some((r, batch.moved)),
+            Ok(r) => return Some((r, moved)),
             Err(Miss::Refused) => return None,
             Err(Miss::Busy) => os::sleep_ns(20_000),
             Err(Miss::Grow(g)) => {
@@ -1485,14 +1489,7 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
         unsafe {
             core::ptr::copy_nonoverlapping(p.add(off), q.add(off), n);
             if given < give_back && gone.room(off) {
-                if !return_pages(p.add(off), n) {
-                    given = usize::MAX;
-                } else {
-                    gone.add(off, n);
-                    given += n;
-                    stats::add(&COUNTERS.purges, 1);
-                    stats::add(&COUNTERS.purged_bytes, n);
-                }
+                given = if gone.give_back(p, off, n) { given + n } else { usize::MAX };
             }
         }
         off += n;
@@ -1504,7 +1501,7 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
         let (load, n) = unsafe {
             let e = h.buddy.entry(idx);
             let n = h.buddy.run_pages(idx);
-            h.buddy.free_run_cleaned(idx, 0, gone.ranges());
+            h.buddy.free_run_cleaned(idx, gone.ranges());
             (e.load == RUN_LOAD, n as usize * PAGE)
         };
         h.large_bytes -= n;
@@ -1547,6 +1544,29 @@ impl Gone {
     fn ranges(&self) -> &[(u32, u32)] {
         &self.ranges[..self.n]
     }
+
+    /// Gives `[p + off, p + off + len)` back to the OS and records it (`room(off)` said yes), or
+    /// says the OS refused (then nothing is recorded, and the pages keep what they held).
+    ///
+    /// # Safety
+    /// - the range is whole pages of a large block of ours that nothing reads any more.
+    unsafe fn give_back(&mut self, p: *mut u8, off: usize, len: usize) -> bool {
+        // SAFETY: forwarded contract.
+        if !unsafe { return_pages(p.add(off), len) } {
+            return false;
+        }
+        self.add(off, len);
+        stats::add(&COUNTERS.purges, 1);
+        stats::add(&COUNTERS.purged_bytes, len);
+        true
+    }
+}
+
+/// The end of the run of pages from `i` that `mincore` saw all resident or all not (bit 0 of
+/// each byte of `res`), at most `res.len()`.
+fn run_end(res: &[u8], i: usize) -> usize {
+    let resident = res[i] & 1;
+    i + res[i..].iter().position(|r| r & 1 != resident).unwrap_or(res.len() - i)
 }
 
 /// The part of [`move_out`] where pages may move, over `q`'s first `whole` bytes, run by run of
@@ -1573,7 +1593,7 @@ unsafe fn move_into_holes(p: *mut u8, q: *mut u8, whole: usize, gone: &mut Gone)
         let mut i = 0;
         while i < pages {
             let hole = res[i] & 1 == 0;
-            let end = i + res[i..pages].iter().position(|r| (r & 1 == 0) != hole).unwrap_or(pages - i);
+            let end = run_end(&res[..pages], i);
             let (at, n) = (off + i * PAGE, (end - i) * PAGE);
             // SAFETY: both blocks are live, page aligned and distinct, and hold `whole` bytes
             // (caller's contract); nothing uses `q` yet, nor `p` any more: `p`'s pages may move out
@@ -1584,10 +1604,8 @@ unsafe fn move_into_holes(p: *mut u8, q: *mut u8, whole: usize, gone: &mut Gone)
                     stats::add(&MOVED_BYTES, n);
                 } else {
                     core::ptr::copy_nonoverlapping(p.add(at), q.add(at), n);
-                    if hole && gone.room(at) && return_pages(p.add(at), n) {
-                        gone.add(at, n);
-                        stats::add(&COUNTERS.purges, 1);
-                        stats::add(&COUNTERS.purged_bytes, n);
+                    if hole && gone.room(at) {
+                        gone.give_back(p, at, n);
                     }
                 }
             }
