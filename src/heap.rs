@@ -366,6 +366,7 @@ fn init_slow() -> bool {
         h.limit = st.opts.get(options::LIMIT) as usize;
         BUDGETED.store(h.limit != 0, Ordering::Relaxed);
         h.lazy = st.lazy;
+        os::set_heap_reserved(!st.lazy);
         h.secure = st.opts.get(options::SECURE) != 0;
         SECURE.store(h.secure, Ordering::Relaxed);
         init::open_startup_phase(&st.opts);
@@ -1003,7 +1004,7 @@ fn purge_pages(idx: u32, order: u32, dirty: usize, secure: bool) -> Option<u8> {
     let p = addr_of(idx) as *mut u8;
     // SAFETY: the block is free (so dead) and inside the committed region; nobody else can take it
     // (it is on a free list under the lock, or taken out by take_dirty).
-    if !unsafe { os::purge(p, len) } {
+    if !unsafe { os::purge_heap(p, len) } {
         return None;
     }
     stats::add(&COUNTERS.purges, 1);

@@ -258,3 +258,53 @@ fn child_mapping_limit() {
     }
     edgepool::check_heap().unwrap();
 }
+
+#[test]
+fn the_heaps_mappings_do_not_pile_up_with_the_moves() {
+    common::run_child("child_mappings_merge", &[("EDGEPOOL_RETAIN", "0")]);
+}
+
+/// Each move splits the heap's mapping (the moved pages keep a mapping of their own); purges map
+/// fresh memory over free blocks, which merges it back: after a churn of large blocks that moves
+/// pages many times, freeing everything and a trim leave the process with about the mappings it
+/// had (with `madvise` purges, every move's mappings stayed).
+#[test]
+#[ignore = "run by the_heaps_mappings_do_not_pile_up_with_the_moves in a child process"]
+fn child_mappings_merge() {
+    if !kernel_moves() {
+        return;
+    }
+    let mut rng = common::Rng::new(11);
+    let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
+    // Blocks of 1-6 MiB, the first allocated before any is freed.
+    let first = written(MIB, 1);
+    let maps0 = edgepool::os::mappings().unwrap();
+    let mut most = maps0;
+    for step in 0..400 {
+        if live.len() >= 6 {
+            let (p, n, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            // SAFETY: a live block of `n` bytes written with `tag`, freed once.
+            unsafe {
+                assert!((0..n).step_by(PAGE).all(|i| *p.add(i) == tag), "a block lost its contents");
+                dealloc(p, layout(n));
+            }
+        }
+        let n = (1 + rng.below(6) as usize) * MIB;
+        let tag = step as u8 | 1;
+        live.push((written(n, tag), n, tag));
+        most = most.max(edgepool::os::mappings().unwrap());
+    }
+    let moved = edgepool::stats().moved_bytes;
+    assert!(moved > 64 * MIB, "{moved} bytes moved");
+    for (p, n, _) in live {
+        // SAFETY: live blocks of this test, freed once.
+        unsafe { dealloc(p, layout(n)) };
+    }
+    edgepool::trim();
+    let after = edgepool::os::mappings().unwrap();
+    eprintln!("mappings: {maps0} at the start, {most} at most, {after} after a trim; {moved} bytes moved");
+    assert!(after <= maps0 + 8, "{after} mappings after a trim against {maps0} at the start ({most} at most)");
+    // SAFETY: allocated above, freed once.
+    unsafe { dealloc(first, layout(MIB)) };
+    edgepool::check_heap().unwrap();
+}
