@@ -210,6 +210,27 @@ fn child_grow_in_place() {
     edgepool::check_heap().unwrap();
 }
 
+/// `steps` blocks of 1-6 MiB written whole, each after freeing a random one of `live` (its contents
+/// checked) once six are live. Returns the most mappings the process had after a step.
+fn churn(rng: &mut common::Rng, live: &mut Vec<(*mut u8, usize, u8)>, steps: usize) -> usize {
+    let mut most = 0;
+    for step in 0..steps {
+        if live.len() >= 6 {
+            let (p, n, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            // SAFETY: a live block of `n` bytes written with `tag`, freed once.
+            unsafe {
+                assert!((0..n).step_by(PAGE).all(|i| *p.add(i) == tag), "a block lost its contents");
+                dealloc(p, layout(n));
+            }
+        }
+        let n = (1 + rng.below(6) as usize) * MIB;
+        let tag = step as u8 | 1;
+        live.push((written(n, tag), n, tag));
+        most = most.max(edgepool::os::mappings().unwrap());
+    }
+    most
+}
+
 #[test]
 fn moves_stop_before_the_process_runs_short_of_mappings() {
     common::run_child("child_mapping_limit", &[("EDGEPOOL_RETAIN", "0")]);
@@ -226,27 +247,8 @@ fn child_mapping_limit() {
     let maps0 = edgepool::os::mappings().unwrap();
     let limit = maps0 + 24;
     edgepool::os::set_move_maps_limit(limit);
-    let mut rng = common::Rng::new(7);
-    let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
-    let mut churn = |live: &mut Vec<(*mut u8, usize, u8)>, steps: usize| {
-        let mut most = 0;
-        for step in 0..steps {
-            if live.len() >= 6 {
-                let (p, n, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                // SAFETY: a live block of `n` bytes written with `tag`, freed once.
-                unsafe {
-                    assert!((0..n).step_by(PAGE).all(|i| *p.add(i) == tag), "a block lost its contents");
-                    dealloc(p, layout(n));
-                }
-            }
-            let n = (1 + rng.below(6) as usize) * MIB;
-            let tag = step as u8 | 1;
-            live.push((written(n, tag), n, tag));
-            most = most.max(edgepool::os::mappings().unwrap());
-        }
-        most
-    };
-    let most = churn(&mut live, 300);
+    let mut live = Vec::new();
+    let most = churn(&mut common::Rng::new(7), &mut live, 300);
     let moved = edgepool::stats().moved_bytes;
     assert!(moved > 0, "nothing moved before the limit");
     // Each move adds at most four mappings, and one more may have been under way at the limit; the
@@ -274,26 +276,11 @@ fn child_mappings_merge() {
     if !kernel_moves() {
         return;
     }
-    let mut rng = common::Rng::new(11);
-    let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
-    // Blocks of 1-6 MiB, the first allocated before any is freed.
+    // The heap's first block, before the count.
     let first = written(MIB, 1);
     let maps0 = edgepool::os::mappings().unwrap();
-    let mut most = maps0;
-    for step in 0..400 {
-        if live.len() >= 6 {
-            let (p, n, tag) = live.swap_remove(rng.below(live.len() as u64) as usize);
-            // SAFETY: a live block of `n` bytes written with `tag`, freed once.
-            unsafe {
-                assert!((0..n).step_by(PAGE).all(|i| *p.add(i) == tag), "a block lost its contents");
-                dealloc(p, layout(n));
-            }
-        }
-        let n = (1 + rng.below(6) as usize) * MIB;
-        let tag = step as u8 | 1;
-        live.push((written(n, tag), n, tag));
-        most = most.max(edgepool::os::mappings().unwrap());
-    }
+    let mut live = Vec::new();
+    let most = churn(&mut common::Rng::new(11), &mut live, 400).max(maps0);
     let moved = edgepool::stats().moved_bytes;
     assert!(moved > 64 * MIB, "{moved} bytes moved");
     for (p, n, _) in live {
