@@ -330,9 +330,10 @@ pub fn set_heap_reserved(reserved: bool) {
 }
 
 /// Maps fresh, zeroed, read-write memory over `[p, p+len)` with the heap's flags (`MAP_FIXED`).
-/// Returns whether it did. Where the kernel refused after it had unmapped part of the range (older
-/// kernels may), the range is mapped again, or the process aborts (a hole in the heap would fault
-/// at the next use of its pages).
+/// Returns whether the range is fresh: `false` where the kernel refused and left the range as it
+/// was. Where it refused with part of the range unmapped (a refused `mremap` may leave that, and
+/// older kernels' `mmap` too), the range is mapped again, or the process aborts (a hole in the heap
+/// would fault at the next use of its pages).
 ///
 /// # Safety
 /// - `p` and `len` are whole OS pages of the heap's committed region, and nothing there is needed.
@@ -347,14 +348,15 @@ unsafe fn map_fresh(p: *mut u8, len: usize) -> bool {
     if unsafe { libc::mmap(p.cast(), len, prot, flags, -1, 0) } != libc::MAP_FAILED {
         return true;
     }
-    if !mapped(p, len) {
-        count(&OS_CALLS.mmap);
-        // SAFETY: as above.
-        if unsafe { libc::mmap(p.cast(), len, prot, flags, -1, 0) } == libc::MAP_FAILED {
-            fatal(b"mmap left a hole in the heap that it could not fill");
-        }
+    if mapped(p, len) {
+        return false;
     }
-    false
+    count(&OS_CALLS.mmap);
+    // SAFETY: as above.
+    if unsafe { libc::mmap(p.cast(), len, prot, flags, -1, 0) } == libc::MAP_FAILED {
+        fatal(b"a hole in the heap could not be mapped again");
+    }
+    true
 }
 
 /// Fills `out[i]` with `mincore`'s residency byte of page `i` of `[p, p+len)` (bit 0 = resident).
@@ -628,9 +630,10 @@ pub unsafe fn move_pages(src: *mut u8, dst: *mut u8, len: usize) -> bool {
             MOVES_UNSUPPORTED.store(true, Ordering::Relaxed);
         }
         // Some kernels unmap the target before they find that they cannot move the source: map it
-        // again where it is unmapped (`mincore` refuses unmapped pages).
-        if !mapped(dst, len) && !map_fresh(dst, len) {
-            fatal(b"mremap left a hole in the heap that mmap could not fill");
+        // again where it is unmapped (`mincore` refuses unmapped pages; `map_fresh` fills the hole
+        // or aborts).
+        if !mapped(dst, len) {
+            map_fresh(dst, len);
         }
         set_errno(e);
         false

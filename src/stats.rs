@@ -179,8 +179,9 @@ pub struct Stats {
     /// The memory budget in effect (0 = none).
     pub limit_bytes: usize,
     pub counters: CounterValues,
-    /// The allocator's calls into the OS's memory map: `mmap`, `munmap`, `madvise` (purges and
-    /// populates), `mprotect` (heap growth, the hardened mode), `mremap` (direct mappings).
+    /// The allocator's calls into the OS's memory map: `mmap` (and purges once pages have moved:
+    /// fresh memory mapped over free blocks), `munmap`, `madvise` (purges and populates),
+    /// `mprotect` (heap growth, the hardened mode), `mremap` (direct mappings, pages that move).
     pub os_mmap_calls: usize,
     pub os_munmap_calls: usize,
     pub os_madvise_calls: usize,

@@ -63,11 +63,11 @@ struct edgepool_stats {
     uint64_t lock_wait_ns;           /* nanoseconds threads spent waiting for those locks */
     uint64_t run_cache_hits;         /* large allocations (up to 64 KiB) served from the thread's run cache */
     uint64_t run_cache_bytes;        /* bytes of freed runs held in threads' run caches now */
-    uint64_t os_mmap_calls;          /* the allocator's calls into the OS's memory map: mmap, */
+    uint64_t os_mmap_calls;          /* the allocator's calls into the OS's memory map: mmap (purges too, once pages moved), */
     uint64_t os_munmap_calls;        /* munmap, */
     uint64_t os_madvise_calls;       /* madvise (purges and populates), */
     uint64_t os_mprotect_calls;      /* mprotect (heap growth, hardened mode), */
-    uint64_t os_mremap_calls;        /* mremap (direct mappings) */
+    uint64_t os_mremap_calls;        /* mremap (direct mappings, pages that move) */
     uint64_t page_faults;            /* page faults the process has taken (every thread, all memory) */
     uint64_t live_bytes;             /* bytes of the blocks the program holds, at their usable size */
     uint64_t in_use_bytes;           /* bytes in allocated heap blocks (slabs whole) and direct mappings */
