@@ -1456,9 +1456,10 @@ unsafe fn return_pages(p: *mut u8, len: usize) -> bool {
     false
 }
 
-/// Moves the first `len` bytes of the large block `p` to `q` and frees `p`. Where `q`'s pages hold
-/// nothing resident, `p`'s pages move there ([`move_into_holes`], `EDGEPOOL_MOVE_PAGES`: no copy,
-/// no page fault); elsewhere, and where pages cannot move, they are copied, and `p`'s pages go back
+/// Moves the first `len` bytes of the large block `p` to `q` and frees `p`. Where `q` is a heap
+/// block and its pages hold nothing resident, `p`'s pages move there ([`move_into_holes`],
+/// `EDGEPOOL_MOVE_PAGES`: no copy, no page fault; never into a direct mapping, which would be split
+/// in two and could no longer grow by `mremap`); elsewhere, and where pages cannot move, they are copied, and `p`'s pages go back
 /// to the OS piece by piece as they are copied, until `give_back` bytes (the new block's fresh
 /// pages, which fault in as they are written) went back: a block grown by moving then holds at the
 /// peak its new size plus one piece, where a copy then a free held both (`scripts/grow-buffer.c`, a
@@ -1477,7 +1478,7 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
     let mut gone = Gone { ranges: [(0, 0); GONE_RANGES], n: 0 };
     let mut off = 0usize;
     let whole = len & !(PAGE - 1);
-    if whole >= MOVE_MIN && moves_allowed() && os::moves_possible() {
+    if whole >= MOVE_MIN && page_kind_off(q as usize).is_some() && moves_allowed() && os::moves_possible() {
         // SAFETY: forwarded contract.
         off = unsafe { move_into_holes(p, q, whole, &mut gone) };
     }
@@ -1578,7 +1579,7 @@ fn run_end(res: &[u8], i: usize) -> usize {
 /// (Out of line, in the library's cold code with the rest of the moves.)
 ///
 /// # Safety
-/// - as [`move_out`]; `whole` is a multiple of [`PAGE`], at most `len`.
+/// - as [`move_out`]; `q` is a heap block (in the region); `whole` is a multiple of [`PAGE`], at most `len`.
 #[cold]
 #[inline(never)]
 unsafe fn move_into_holes(p: *mut u8, q: *mut u8, whole: usize, gone: &mut Gone) -> usize {

@@ -295,3 +295,35 @@ fn child_mappings_merge() {
     unsafe { dealloc(first, layout(MIB)) };
     edgepool::check_heap().unwrap();
 }
+
+#[test]
+fn pages_move_into_heap_blocks_only() {
+    common::run_child("child_into_direct", &[("EDGEPOOL_RETAIN", "0"), ("EDGEPOOL_MAX_BLOCK", "8M")]);
+}
+
+/// A heap block that `realloc` grows beyond the largest block goes to a direct mapping: its pages
+/// are copied there, not moved, so the mapping stays one and grows again in place of a copy
+/// (`mremap` moves only a range inside one mapping).
+#[test]
+#[ignore = "run by pages_move_into_heap_blocks_only in a child process"]
+fn child_into_direct() {
+    if !kernel_moves() {
+        return;
+    }
+    let p = written(6 * MIB, 3);
+    let (moved0, direct0) = (edgepool::stats().moved_bytes, edgepool::stats().counters.direct_allocs);
+    // SAFETY: a live block of 6 MiB, reallocated once; then the direct mapping it became, once.
+    unsafe {
+        let q = realloc(p, layout(6 * MIB), 12 * MIB);
+        assert!(!q.is_null());
+        assert!((0..6 * MIB).step_by(PAGE).all(|i| *q.add(i) == 3), "the contents did not move along");
+        assert_eq!(edgepool::stats().moved_bytes, moved0, "pages moved into a direct mapping");
+        q.add(6 * MIB).write_bytes(4, 6 * MIB);
+        let r = realloc(q, layout(12 * MIB), 24 * MIB);
+        assert!(!r.is_null());
+        assert_eq!(edgepool::stats().counters.direct_allocs, direct0 + 1, "the direct mapping was copied to grow");
+        assert!((0..12 * MIB).step_by(PAGE).all(|i| *r.add(i) == if i < 6 * MIB { 3 } else { 4 }));
+        dealloc(r, layout(24 * MIB));
+    }
+    edgepool::check_heap().unwrap();
+}
