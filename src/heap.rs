@@ -1073,17 +1073,14 @@ impl PurgeBatch {
             }
             let mut h = 0;
             while h < pages {
-                if res[h] & 1 != 0 {
-                    h += 1;
-                    continue;
-                }
-                let n = run_end(&res[..pages], h) - h;
+                let end = run_end(&res[..pages], h);
                 // Holes shorter than a move's least are left to fault in (one cut by the end of
                 // this look, where the range goes on, is taken as it is).
-                if n >= MOVE_RUN || (h + n == pages && self.fill + span < self.fill_end) {
-                    return Some((self.fill + h * PAGE, n * PAGE));
+                let long = end - h >= MOVE_RUN || (end == pages && self.fill + span < self.fill_end);
+                if res[h] & 1 == 0 && long {
+                    return Some((self.fill + h * PAGE, (end - h) * PAGE));
                 }
-                h += n;
+                h = end;
             }
             self.fill += span;
         }
@@ -1108,11 +1105,11 @@ impl PurgeBatch {
             }
             let mut i = 0;
             while i < pages {
+                let end = run_end(&res[..pages], i);
                 if res[i] & 1 == 0 {
-                    i += 1;
+                    i = end;
                     continue;
                 }
-                let end = run_end(&res[..pages], i);
                 while i < end {
                     // A run of resident pages shorter than a move's least (but one cut by the end
                     // of this look, where the block goes on) stays, and the block's pages after it

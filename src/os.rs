@@ -297,9 +297,8 @@ pub unsafe fn purge(p: *mut u8, len: usize) -> bool {
 /// - as [`purge`], and the range is pages of the heap's committed region.
 pub unsafe fn purge_heap(p: *mut u8, len: usize) -> bool {
     let ps = os_page_size();
-    let limit = MAPS_LIMIT.load(Ordering::Relaxed);
     if MOVE_OKS.load(Ordering::Relaxed) > 0
-        && MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit
+        && bound_has_room(MAPS_LIMIT.load(Ordering::Relaxed))
         && (p as usize | len) & (ps - 1) == 0
         && len > 0
     {
@@ -487,6 +486,11 @@ static MAPS_COUNTING: AtomicBool = AtomicBool::new(false);
 /// Mappings moves may take the process to: a quarter of `vm.max_map_count` (0 until read).
 static MAPS_LIMIT: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether the bound on the process's mappings leaves room for one more move under `limit`.
+fn bound_has_room(limit: usize) -> bool {
+    MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit
+}
+
 /// Mappings one move of pages may add: the target's mapping split around it (two), the moved pages
 /// a mapping of their own (one), and one for the source's.
 const MOVE_MAPS: usize = 4;
@@ -533,14 +537,11 @@ fn maps_allow_move() -> bool {
     if limit == 0 {
         let mut buf = [0u8; 32];
         let n = read_small_file(c"/proc/sys/vm/max_map_count", &mut buf);
-        let max = buf[..n]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .fold(0usize, |v, &b| v.saturating_mul(10).saturating_add((b - b'0') as usize));
+        let max = leading_decimal(&buf[..n]);
         limit = if max == 0 { 65530 / 4 } else { max / 4 };
         MAPS_LIMIT.store(limit, Ordering::Relaxed);
     }
-    if MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit {
+    if bound_has_room(limit) {
         return true;
     }
     if !MAPS_RECOUNT.swap(false, Ordering::Relaxed) || MAPS_COUNTING.swap(true, Ordering::Acquire) {
@@ -567,7 +568,7 @@ pub fn moves_possible() -> bool {
         return false;
     }
     let limit = MAPS_LIMIT.load(Ordering::Relaxed);
-    if limit == 0 || MAPS_BOUND.load(Ordering::Relaxed).saturating_add(MOVE_MAPS) <= limit {
+    if limit == 0 || bound_has_room(limit) {
         return true;
     }
     if MAPS_REFUSED.fetch_add(1, Ordering::Relaxed) % RECOUNT_EVERY == 0 {
@@ -603,7 +604,7 @@ pub fn mappings() -> Option<usize> {
 ///
 /// # Safety
 /// - both ranges are page aligned, do not overlap, and lie in the committed part of the heap's
-///   region (read-write, `MAP_NORESERVE`); nobody uses either while this runs, and nothing of
+///   region (read-write); nobody uses either while this runs, and nothing of
 ///   either is needed but what moves.
 pub unsafe fn move_pages(src: *mut u8, dst: *mut u8, len: usize) -> bool {
     if MOVES_UNSUPPORTED.load(Ordering::Relaxed) || !maps_allow_move() {
@@ -1154,8 +1155,13 @@ pub fn rss_bytes() -> usize {
     let text = &buf[..n];
     let mut fields = text.split(|&c| c == b' ');
     fields.next();
-    let resident = fields.next().unwrap_or(b"").iter().take_while(|c| c.is_ascii_digit());
-    resident.fold(0usize, |n, &c| n.saturating_mul(10).saturating_add((c - b'0') as usize)) * os_page_size()
+    leading_decimal(fields.next().unwrap_or(b"")) * os_page_size()
+}
+
+/// The decimal number that `s` starts with (0 if none; saturating), as `/proc` files write them.
+fn leading_decimal(s: &[u8]) -> usize {
+    let digits = s.iter().take_while(|c| c.is_ascii_digit());
+    digits.fold(0usize, |n, &c| n.saturating_mul(10).saturating_add((c - b'0') as usize))
 }
 
 #[cfg(test)]
