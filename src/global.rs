@@ -446,11 +446,25 @@ unsafe fn free_with(h: u8, p: *mut u8) {
 ///
 /// # Safety
 /// - as [`free`].
+///
+/// The common case first, without the page map: `p` in the region, and the slab-table entry of its
+/// 64 KiB block naming this thread's cache as its owner. That entry's `owner` is null unless the
+/// block is a slab that the cache holds (`slab::Slab`'s invariants), so the match says `p` lies in
+/// one of this thread's slabs; every other pointer (another thread's slot, a large block, an arena
+/// object, a direct mapping, null) takes [`free_general`], which asks the page map. One memory access
+/// and six instructions fewer on the owner's free than through [`owner::in_heap`].
 #[inline(always)]
 unsafe fn free_raw(p: *mut u8) {
-    if let Some(Owner::Slab(s)) = owner::in_heap(p) {
-        // SAFETY: the page belongs to a live slab, which starts at the 64 KiB boundary below `p`.
-        return unsafe { cache::free_small(p, s) };
+    if let Some(off) = heap::region_off(p as usize) {
+        let s = heap::slab_at(off);
+        let mine = cache::owner_id();
+        // SAFETY: the slab table covers the region, and its entries are readable (zeroed where no slab
+        // ever was); `owner` is written only at a slab's init and by its own cache.
+        if unsafe { (*s).owner } == mine {
+            // SAFETY: forwarded contract; the entry names this thread's cache, so `p` lies in one of
+            // its slabs (see above).
+            return unsafe { cache::free_owned(p, s, mine) };
+        }
     }
     // SAFETY: forwarded contract.
     unsafe { free_general(p) }

@@ -440,6 +440,18 @@ pub fn page_kind_off(p: usize) -> Option<(PageKind, usize)> {
     Some((unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }, off))
 }
 
+/// `p`'s offset in the heap's region, or `None` outside it (or before initialisation): the first
+/// half of [`page_kind_off`], for a caller that reads the slab table instead of the page map (the free
+/// path: see `global::free_raw`). The slab table covers the whole region, so [`slab_at`] of the
+/// offset is always an entry that may be read.
+#[inline(always)]
+pub fn region_off(p: usize) -> Option<usize> {
+    // Acquire first: see `Region`.
+    let span = REGION.span.load(Ordering::Acquire);
+    let off = p.wrapping_sub(REGION.base.load(Ordering::Relaxed));
+    (off < span).then_some(off)
+}
+
 /// The heap's region as `(base, span)`; `(0, 0)` before initialisation.
 pub fn region() -> (usize, usize) {
     // Acquire first: see `Region`.
@@ -447,11 +459,12 @@ pub fn region() -> (usize, usize) {
     (REGION.base.load(Ordering::Relaxed), span)
 }
 
-/// The header entry of the slab whose block holds the region offset `off` (from [`page_kind_off`]).
+/// The header entry of the slab whose block holds the region offset `off` (from [`page_kind_off`] or
+/// [`region_off`]).
 #[inline(always)]
 pub fn slab_at(off: usize) -> *mut Slab {
-    // The table covers every 64 KiB of the region; `off` came from `page_kind_off`, on this thread, so
-    // the table's publication is visible. Only pointer arithmetic here: using the entry is the caller's
+    // The table covers every 64 KiB of the region; `off` came from `page_kind_off` or `region_off`,
+    // on this thread, so the table's publication is visible. Only pointer arithmetic here: using the entry is the caller's
     // business.
     REGION.slabs.load(Ordering::Relaxed).wrapping_add((off >> SLAB_SHIFT) << SLAB_META_SHIFT).cast()
 }

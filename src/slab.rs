@@ -81,7 +81,12 @@ pub enum SlabState {
 /// - `state` says where the slab is among the owner's lists (see [`SlabState`]); `next`/`prev` link
 ///   the partial or full list of row `row` that holds it (null otherwise);
 /// - `size`, `nslots`, `nwords`, `recip`, `class` are the class's [`GEOMETRY`], fixed at
-///   [`Slab::init`]; so are `owner` and `data`, the 64 KiB-aligned block holding the slots.
+///   [`Slab::init`]; so are `owner` and `data`, the 64 KiB-aligned block holding the slots;
+/// - in every entry of the slab table, `owner` is null unless the entry's block is a slab that its
+///   cache holds (in any state, the spare too): it is written at [`Slab::init`] and cleared by
+///   [`Slab::disown`] before the block goes back to the heap, and the table starts zeroed. So a free
+///   that finds its own cache in the `owner` of its pointer's entry knows the pointer is in one of
+///   its slabs without asking the page map (`global::free_raw`).
 #[repr(C, align(64))]
 pub struct Slab {
     pub hint: u32,
@@ -94,7 +99,8 @@ pub struct Slab {
     pub state: SlabState,
     /// Where the owner keeps the row this slab belongs to (an offset the owner defines; opaque here).
     pub row: u16,
-    /// The owning cache; fixed for the slab's lifetime (caches are recycled whole, never split).
+    /// The owning cache; fixed for the slab's lifetime (caches are recycled whole, never split), null
+    /// in an entry whose block is no slab (see the invariants).
     pub owner: OwnerId,
     pub next: *mut Slab,
     pub prev: *mut Slab,
@@ -192,6 +198,17 @@ impl Slab {
                 (*remote.add(w)).store(0, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Marks the entry as no slab's, before its block goes back to the heap (see the invariants).
+    ///
+    /// # Safety
+    /// - `this` is a slab that the caller's cache holds and gives up: nothing uses its slots any more.
+    #[inline]
+    pub unsafe fn disown(this: *mut Slab) {
+        // SAFETY: the caller's own slab header (contract); other threads read `owner` only of a slab
+        // they hold a slot of, and it has none.
+        unsafe { (*this).owner = core::ptr::null_mut() }
     }
 
     /// The slot index of `p`, aborting with a message if `p` is not the start of a slot.

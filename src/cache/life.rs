@@ -217,6 +217,7 @@ unsafe fn abandon(cache: *mut Cache) {
         if !spare.is_null() {
             (*cache).spare = core::ptr::null_mut();
             stats::add(&COUNTERS.slabs_released, 1);
+            crate::slab::Slab::disown(spare);
             heap::free_block((*spare).data);
         }
         sync::CACHE_POOL.lock();

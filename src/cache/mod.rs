@@ -9,7 +9,10 @@
 //!                                                               partial list, new slab
 //!                                                               (or arena)
 //! free_small(p, slab)           [inline(always)]  owner compare, slot check, push on the row's stack
-//!                                                 (or, when full, set the bit in word or bitmap)
+//!                                                 (or, when full, set the bit in word or bitmap);
+//!                                                 `global`'s free enters at its second step,
+//!                                                 free_owned, when the slab-table entry names the
+//!                                                 thread's cache
 //!   ├─ free_slow(slab)          [cold]  full→partial, empty→spare/heap
 //!   └─ remote::free(p, slab)    [cold]  set the slot's bit in the slab's remote bitmap (+ queue the
 //!                                       slab once)
@@ -19,13 +22,15 @@
 //! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
 //! including the size check, the size-class table, the TLS load, the row's allocation count (one
 //! `inc` on the row's line: the phase reports and the statistics count every allocation) and clearing
-//! the freed mark; a free by the owner onto the stack runs 46, including the page-map lookup, the
-//! owner compare, the interior-pointer check (`Slab::slot_of`: the offset from the pointer's low
-//! bits, then one multiply by the class's reciprocal gives the slot and says whether the pointer
-//! starts one; 56 when it read the block's address and multiplied back), the freed mark (5 of them)
-//! and the row's free count (1, for the statistics); 48 while it kept a stack frame for the calls of
-//! its aborts, which never return (see [`free_small`]). The `debug` feature adds the hooks check
-//! (`global`: debug mode, profiling) to each: 26, 32 and 50. (Before the rows were reached through
+//! the freed mark; a free by the owner onto the stack runs 40, including the region check, the
+//! slab-table entry's owner compare (which says the pointer is in one of the thread's slabs without
+//! the page map: see `slab::Slab`'s invariants and `global::free_raw`; 46 through the page map), the
+//! interior-pointer check (`Slab::slot_of`: the offset from the pointer's low bits, then one
+//! multiply by the class's reciprocal gives the slot and says whether the pointer starts one; 56
+//! when it read the block's address and multiplied back), the freed mark (5 of them) and the row's
+//! free count (1, for the statistics); 48 while it kept a stack frame for the calls of its aborts,
+//! which never return (see [`free_small`]). The `debug` feature adds the hooks check (`global`:
+//! debug mode, profiling) to each: 26, 32 and 44. (Before the rows were reached through
 //! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.) The
 //! library's own `malloc` and `free` run the same counts (the script counts them too); they ran two
 //! more each, a stack frame for their `extern "C"` landing pads and, in `malloc`, for setting errno
@@ -652,6 +657,27 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
         // SAFETY: forwarded contract.
         return unsafe { remote::free(p, slab) };
     }
+    // SAFETY: forwarded contract; `cache` owns the slab (just compared).
+    unsafe { free_owned(p, slab, cache.cast()) }
+}
+
+/// The calling thread's cache (the empty cache when it has none), to compare with a slab's `owner`
+/// ([`free_owned`]).
+#[inline(always)]
+pub fn owner_id() -> OwnerId {
+    life::tls_cache().cast()
+}
+
+/// Frees slot `p` of `slab`, a slab of the calling thread's cache: [`free_small`] after its owner
+/// compare. The library's `free` calls it directly when the slab-table entry of `p`'s block names the
+/// thread's own cache ([`owner_id`]), which says `p` is in one of its slabs (see `slab::Slab`'s
+/// invariants) without the page map.
+///
+/// # Safety
+/// - as [`free_small`], and `(*slab).owner == cache`, `cache` the calling thread's cache.
+#[inline(always)]
+pub unsafe fn free_owned(p: *mut u8, slab: *mut Slab, cache: OwnerId) {
+    let cache = cache.cast::<Cache>();
     // SAFETY: owner (the slab is this thread's cache's); `p` lies in the slab's block (caller), and
     // once validated is a slot of at least 16 bytes, 16-aligned, so its second word is in it.
     unsafe {
@@ -877,6 +903,7 @@ unsafe fn retire(cache: *mut Cache, slab: *mut Slab) {
             (*cache).spare = slab;
         } else {
             stats::add(&COUNTERS.slabs_released, 1);
+            Slab::disown(slab);
             heap::free_block((*slab).data);
         }
     }
@@ -1150,6 +1177,51 @@ mod tests {
             assert_eq!(again, v[n - STACK]);
             // SAFETY: live slot.
             unsafe { free_small(again, slab_of(again)) };
+        });
+    }
+
+    #[test]
+    fn a_slab_given_back_names_no_cache() {
+        on_thread(|| {
+            let class = class_of(2048);
+            let n = 8 * GEOMETRY[class].nslots as usize;
+            let v: Vec<*mut u8> = (0..n).map(|_| alloc(class)).collect();
+            let mut slabs: Vec<*mut Slab> = v.iter().map(|&p| slab_of(p)).collect();
+            slabs.dedup();
+            assert!(slabs.len() >= 8);
+            let me = owner_id();
+            // SAFETY: our live slots, each freed once.
+            unsafe { free_all(v.iter().map(|&p| p as usize)) };
+            // The cache holds its current slab, the slabs of the slots on its stack (on the partial
+            // list) and a spare; the others went back to the heap. No entry of those names this
+            // cache any more (another thread may have made one its own slab since, which names that
+            // thread's cache), so a free of a large block there cannot be taken for a free of one
+            // of this cache's slots (`global::free_raw`).
+            let cache = life::tls_cache();
+            let mut held = Vec::new();
+            // SAFETY: the cache is this thread's (owner): its rows, lists and spare are ours to read.
+            unsafe {
+                let r = row(cache, row_set(cache) + class);
+                held.push((*r).current);
+                for head in [(*r).partial, (*r).full] {
+                    let mut s = head;
+                    while !s.is_null() {
+                        held.push(s);
+                        s = (*s).next;
+                    }
+                }
+                held.push((*cache).spare);
+            }
+            let given_back: Vec<_> = slabs.iter().filter(|s| !held.contains(s)).collect();
+            assert!(given_back.len() >= 2, "{} slabs, {} held", slabs.len(), held.len());
+            for &&s in &given_back {
+                // SAFETY: an entry of the slab table: readable (zeroed where no slab ever was).
+                assert_ne!(unsafe { (*s).owner }, me, "a slab given back still names its cache");
+            }
+            for &s in held.iter().filter(|s| !s.is_null()) {
+                // SAFETY: a slab this cache holds.
+                assert_eq!(unsafe { (*s).owner }, me);
+            }
         });
     }
 

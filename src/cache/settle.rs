@@ -86,6 +86,7 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
             stats::add(&COUNTERS.slabs_released, 1);
             stats::sub(&stats::CLASS_SLABS[class], 1);
             r.slabs_released += 1;
+            Slab::disown(s);
             heap::free_block((*s).data);
             return;
         }
