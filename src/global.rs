@@ -444,15 +444,15 @@ unsafe fn free_with(h: u8, p: *mut u8) {
 
 /// [`free`] without the hooks.
 ///
-/// # Safety
-/// - as [`free`].
-///
 /// The common case first, without the page map: `p` in the region, and the slab-table entry of its
 /// 64 KiB block naming this thread's cache as its owner. That entry's `owner` is null unless the
 /// block is a slab that the cache holds (`slab::Slab`'s invariants), so the match says `p` lies in
 /// one of this thread's slabs; every other pointer (another thread's slot, a large block, an arena
 /// object, a direct mapping, null) takes [`free_general`], which asks the page map. One memory access
 /// and six instructions fewer on the owner's free than through [`owner::in_heap`].
+///
+/// # Safety
+/// - as [`free`].
 #[inline(always)]
 unsafe fn free_raw(p: *mut u8) {
     if let Some(off) = heap::region_off(p as usize) {

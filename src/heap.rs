@@ -464,8 +464,8 @@ pub fn region() -> (usize, usize) {
 #[inline(always)]
 pub fn slab_at(off: usize) -> *mut Slab {
     // The table covers every 64 KiB of the region; `off` came from `page_kind_off` or `region_off`,
-    // on this thread, so the table's publication is visible. Only pointer arithmetic here: using the entry is the caller's
-    // business.
+    // on this thread, so the table's publication is visible. Only pointer arithmetic here: using the
+    // entry is the caller's business.
     REGION.slabs.load(Ordering::Relaxed).wrapping_add((off >> SLAB_SHIFT) << SLAB_META_SHIFT).cast()
 }
 
