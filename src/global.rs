@@ -447,9 +447,12 @@ unsafe fn free_with(h: u8, p: *mut u8) {
 /// The common case first, without the page map: `p` in the region, and the slab-table entry of its
 /// 64 KiB block naming this thread's cache as its owner. That entry's `owner` is null unless the
 /// block is a slab that the cache holds (`slab::Slab`'s invariants), so the match says `p` lies in
-/// one of this thread's slabs; every other pointer (another thread's slot, a large block, an arena
-/// object, a direct mapping, null) takes [`free_general`], which asks the page map. One memory access
-/// and six instructions fewer on the owner's free than through [`owner::in_heap`].
+/// one of this thread's slabs. Otherwise the page map says whether `p` is in another thread's slab
+/// (a remote free), and every other pointer (a large block, an arena object, a direct mapping, null)
+/// takes [`free_general`]. One memory access and six instructions fewer on the owner's free than
+/// through [`owner::in_heap`]; five more on a remote free (cachegrind, `xmalloc 0.2`, whose frees
+/// are all remote: `free` 55.5 M instructions against 45.2 M, the program 443.1 M against 432.8 M).
+/// Going on to [`free_general`] instead cost 37 more (the program 508.9 M).
 ///
 /// # Safety
 /// - as [`free`].
@@ -464,6 +467,15 @@ unsafe fn free_raw(p: *mut u8) {
             // SAFETY: forwarded contract; the entry names this thread's cache, so `p` lies in one of
             // its slabs (see above).
             return unsafe { cache::free_owned(p, s, mine) };
+        }
+        // The offset again, so that the owner's path above need not keep it in a register (one
+        // instruction there; four more here, on the remote free).
+        if let Some(off) = heap::region_off(p as usize) {
+            if heap::page_kind_at(off) == buddy::PageKind::Slab {
+                // SAFETY: forwarded contract; the page map says `p` is in a live slab, and its entry
+                // names another cache.
+                return unsafe { cache::free_remote(p, s) };
+            }
         }
     }
     // SAFETY: forwarded contract.

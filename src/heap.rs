@@ -452,6 +452,16 @@ pub fn region_off(p: usize) -> Option<usize> {
     (off < span).then_some(off)
 }
 
+/// The page-map kind of the page at region offset `off`, which came from [`region_off`] on this thread
+/// (so that the map's publication is visible): [`page_kind_off`]'s second half.
+#[inline(always)]
+pub fn page_kind_at(off: usize) -> PageKind {
+    debug_assert!(off < REGION.span.load(Ordering::Relaxed));
+    // SAFETY: `off < span` (from `region_off`), so the entry is inside the page map, which covers the
+    // region; every value the map holds is a valid `PageKind`.
+    unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }
+}
+
 /// The heap's region as `(base, span)`; `(0, 0)` before initialisation.
 pub fn region() -> (usize, usize) {
     // Acquire first: see `Region`.

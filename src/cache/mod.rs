@@ -661,6 +661,17 @@ pub unsafe fn free_small(p: *mut u8, slab: *mut Slab) {
     unsafe { free_owned(p, slab, cache.cast()) }
 }
 
+/// Frees slot `p` of `slab`, a slab that another thread's cache owns: [`free_small`]'s other branch,
+/// for the library's `free`, which has compared the owner already.
+///
+/// # Safety
+/// - as [`free_small`], and `slab` is not the calling thread's cache's.
+#[inline(always)]
+pub unsafe fn free_remote(p: *mut u8, slab: *mut Slab) {
+    // SAFETY: forwarded contract.
+    unsafe { remote::free(p, slab) }
+}
+
 /// The calling thread's cache (the empty cache when it has none), to compare with a slab's `owner`
 /// ([`free_owned`]).
 #[inline(always)]
