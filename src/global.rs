@@ -19,7 +19,7 @@ use crate::os::{self, PAGE};
 use crate::owner::{self, Owner};
 use crate::phase;
 use crate::profile;
-use crate::size_class::{class_for, class_of, natural_align, CLASS_SIZES, SMALL_MAX};
+use crate::size_class::{class_for, natural_align, CLASS_SIZES, SMALL_MAX};
 use crate::stats::{self, COUNTERS};
 use crate::valgrind as vg;
 
@@ -29,6 +29,16 @@ fn small(class: usize) -> *mut u8 {
     match cache::alloc_fast(class) {
         Some(p) => p.as_ptr(),
         None => small_slow(class),
+    }
+}
+
+/// [`small`] for a request of `size` bytes (≤ `SMALL_MAX`, alignment ≤ 16), by the row of its class.
+#[inline(always)]
+fn small_of_size(size: usize) -> *mut u8 {
+    let off = cache::row_of_size(size);
+    match cache::alloc_fast_at(off) {
+        Some(p) => p.as_ptr(),
+        None => small_slow(cache::class_of_row(off)),
     }
 }
 
@@ -99,7 +109,7 @@ pub const MALLOC_ALIGN: usize = 16;
 #[inline(always)]
 pub fn alloc_c(size: usize) -> *mut u8 {
     if !hooked() && is_small(size, MALLOC_ALIGN) {
-        if let Some(p) = cache::alloc_fast(class_of(size)) {
+        if let Some(p) = cache::alloc_fast_at(cache::row_of_size(size)) {
             return p.as_ptr();
         }
     }
@@ -128,7 +138,7 @@ fn is_small(size: usize, align: usize) -> bool {
 #[inline(always)]
 fn alloc_raw(size: usize, align: usize) -> *mut u8 {
     if is_small(size, align) {
-        small(class_of(size))
+        small_of_size(size)
     } else {
         alloc_general(size, align, false)
     }
@@ -381,7 +391,7 @@ pub fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 #[inline]
 fn alloc_zeroed_raw(size: usize, align: usize) -> *mut u8 {
     if size.wrapping_sub(1) < SMALL_MAX && align <= 16 {
-        let p = small(class_of(size));
+        let p = small_of_size(size);
         if !p.is_null() {
             // SAFETY: the slot holds at least `size` bytes.
             unsafe { core::ptr::write_bytes(p, 0, size) };

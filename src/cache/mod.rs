@@ -19,8 +19,10 @@
 //! ```
 //! Instruction budget, measured (`cargo build --release --example asm_probe && python3
 //! scripts/fast-path-insns.py`, x86-64): from the entry of `raw::alloc` to its return, an allocation
-//! that hits the row's stack runs 22 instructions and one that hits the checked-out word 28, both
-//! including the size check, the size-class table, the TLS load, the row's allocation count (one
+//! that hits the row's stack runs 20 instructions and one that hits the checked-out word 26, both
+//! including the size check, the size-class table (which gives the row's byte offset,
+//! [`ROW_OF_SIZE`]: 22 and 28 when it gave the class, which the path multiplied by the row's size),
+//! the TLS load, the row's allocation count (one
 //! `inc` on the row's line: the phase reports and the statistics count every allocation) and clearing
 //! the freed mark; a free by the owner onto the stack runs 40, including the region check, the
 //! slab-table entry's owner compare (which says the pointer is in one of the thread's slabs without
@@ -30,7 +32,7 @@
 //! when it read the block's address and multiplied back), the freed mark (5 of them) and the row's
 //! free count (1, for the statistics); 48 while it kept a stack frame for the calls of its aborts,
 //! which never return (see [`free_small`]). The `debug` feature adds the hooks check (`global`:
-//! debug mode, profiling) to each: 26, 32 and 44. (Before the rows were reached through
+//! debug mode, profiling) to each: 24, 30 and 44. (Before the rows were reached through
 //! `rows_now` and slabs recorded their row's byte offset, and without the mark: 24, 30 and 51.) The
 //! library's own `malloc` and `free` run the same counts (the script counts them too); they ran two
 //! more each, a stack frame for their `extern "C"` landing pads and, in `malloc`, for setting errno
@@ -69,7 +71,7 @@ use crate::buddy::PageKind;
 use crate::heap;
 use crate::os;
 use crate::phase_state::{RowSet, NSETS};
-use crate::size_class::{NCLASSES, SLAB_SHIFT};
+use crate::size_class::{NCLASSES, SIZE_TO_CLASS, SLAB_SHIFT, SMALL_MAX};
 use crate::slab::{self, OwnerId, Slab, SlabState};
 use crate::stats::{self, COUNTERS};
 
@@ -120,6 +122,35 @@ pub struct ClassState {
 }
 
 const _: () = assert!(core::mem::size_of::<ClassState>() == 192);
+
+/// Bytes of one row: row `c` of a row set starts `c * ROW_BYTES` bytes after its first.
+pub const ROW_BYTES: usize = core::mem::size_of::<ClassState>();
+
+/// `ROW_OF_SIZE[(size + 15) >> 4]` is the byte offset in a row set of the row of `size`'s class
+/// ([`SIZE_TO_CLASS`] times [`ROW_BYTES`]), so that the allocation fast path adds it to `rows_now`
+/// as it is: two instructions fewer than a class index, which it multiplied by the row's size.
+pub const ROW_OF_SIZE: [u16; SMALL_MAX / 16 + 1] = {
+    let mut t = [0u16; SMALL_MAX / 16 + 1];
+    let mut i = 0;
+    while i < t.len() {
+        t[i] = (SIZE_TO_CLASS[i] as usize * ROW_BYTES) as u16;
+        i += 1;
+    }
+    t
+};
+const _: () = assert!(NCLASSES * ROW_BYTES <= u16::MAX as usize);
+
+/// The byte offset of the row of `size`'s class in a row set (`size <= SMALL_MAX`, alignment ≤ 16).
+#[inline(always)]
+pub fn row_of_size(size: usize) -> usize {
+    ROW_OF_SIZE[(size + 15) >> 4] as usize
+}
+
+/// The class of the row at byte offset `off` in a row set.
+#[inline(always)]
+pub fn class_of_row(off: usize) -> usize {
+    off / ROW_BYTES
+}
 
 const _: () = assert!(core::mem::offset_of!(ClassState, frees) < 64);
 
@@ -347,14 +378,22 @@ fn cache_of(s: OwnerId) -> *mut Cache {
 /// recently freed slot and no free bit in its checked-out word (then [`alloc_slow`]).
 #[inline(always)]
 pub fn alloc_fast(class: usize) -> Option<NonNull<u8>> {
+    alloc_fast_at(class * ROW_BYTES)
+}
+
+/// [`alloc_fast`] for the class whose row starts `off` bytes into the row set ([`row_of_size`]).
+#[inline(always)]
+pub fn alloc_fast_at(off: usize) -> Option<NonNull<u8>> {
+    debug_assert!(off % ROW_BYTES == 0 && off < NCLASSES * ROW_BYTES);
     let cache = life::tls_cache();
-    // SAFETY: `cache` is this thread's cache or the empty cache; `rows_now + class` is a row of it
-    // (`rows_now` starts a row set of NCLASSES rows, and `class < NCLASSES`). Stack
+    // SAFETY: `cache` is this thread's cache or the empty cache; `rows_now + off` bytes is a row of
+    // it (`rows_now` starts a row set of NCLASSES rows, and `off` is a multiple of the row's size
+    // below NCLASSES of them). Stack
     // entries below `top` are free slots (non-null); a set bit of the row's word is a free slot at
     // `base + bit * size` (ClassState invariant). The empty cache's rows have `top == 0` and
     // `word == 0`, so they are only read; any other cache is the caller's own (owner).
     unsafe {
-        let row = (*cache).rows_now.load(Ordering::Relaxed).add(class);
+        let row = (*cache).rows_now.load(Ordering::Relaxed).byte_add(off);
         let t = (*row).top as usize;
         let p = if t != 0 {
             (*row).top = (t - 1) as u32;
