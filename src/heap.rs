@@ -429,15 +429,8 @@ pub fn page_kind(p: usize) -> Option<PageKind> {
 /// the block was handed out and does not change while it lives.
 #[inline(always)]
 pub fn page_kind_off(p: usize) -> Option<(PageKind, usize)> {
-    // Acquire first: see `Region`.
-    let span = REGION.span.load(Ordering::Acquire);
-    let off = p.wrapping_sub(REGION.base.load(Ordering::Relaxed));
-    if off >= span {
-        return None;
-    }
-    // SAFETY: `off < span`, so the entry is inside the page map, which covers the region; every value
-    // the map holds is a valid `PageKind` (it starts zeroed, `Interior`, and only kinds are stored).
-    Some((unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }, off))
+    let off = region_off(p)?;
+    Some((page_kind_at(off), off))
 }
 
 /// `p`'s offset in the heap's region, or `None` outside it (or before initialisation): the first
@@ -458,7 +451,8 @@ pub fn region_off(p: usize) -> Option<usize> {
 pub fn page_kind_at(off: usize) -> PageKind {
     debug_assert!(off < REGION.span.load(Ordering::Relaxed));
     // SAFETY: `off < span` (from `region_off`), so the entry is inside the page map, which covers the
-    // region; every value the map holds is a valid `PageKind`.
+    // region; every value the map holds is a valid `PageKind` (it starts zeroed, `Interior`, and only
+    // kinds are stored).
     unsafe { (*REGION.map.load(Ordering::Relaxed).add(off >> buddy::PAGE_SHIFT)).kind }
 }
 
@@ -1479,8 +1473,9 @@ unsafe fn return_pages(p: *mut u8, len: usize) -> bool {
 /// Moves the first `len` bytes of the large block `p` to `q` and frees `p`. Where `q` is a heap
 /// block and its pages hold nothing resident, `p`'s pages move there ([`move_into_holes`],
 /// `EDGEPOOL_MOVE_PAGES`: no copy, no page fault; never into a direct mapping, which would be split
-/// in two and could no longer grow by `mremap`); elsewhere, and where pages cannot move, they are copied, and `p`'s pages go back
-/// to the OS piece by piece as they are copied, until `give_back` bytes (the new block's fresh
+/// in two and could no longer grow by `mremap`, also where one lies in a hole of a lazy region);
+/// elsewhere, and where pages cannot move, they are copied, and `p`'s pages go back to the OS piece
+/// by piece as they are copied, until `give_back` bytes (the new block's fresh
 /// pages, which fault in as they are written) went back: a block grown by moving then holds at the
 /// peak its new size plus one piece, where a copy then a free held both (`scripts/grow-buffer.c`, a
 /// buffer doubled to 128 MiB: 193.6 MiB at the peak before, 129.6 after). A new block of resident
@@ -1498,7 +1493,8 @@ pub unsafe fn move_out(p: *mut u8, q: *mut u8, len: usize, give_back: usize) -> 
     let mut gone = Gone { ranges: [(0, 0); GONE_RANGES], n: 0 };
     let mut off = 0usize;
     let whole = len & !(PAGE - 1);
-    if whole >= MOVE_MIN && page_kind_off(q as usize).is_some() && moves_allowed() && os::moves_possible() {
+    let in_heap = page_kind_off(q as usize).is_some_and(|(k, _)| k != PageKind::Outside);
+    if whole >= MOVE_MIN && in_heap && moves_allowed() && os::moves_possible() {
         // SAFETY: forwarded contract.
         off = unsafe { move_into_holes(p, q, whole, &mut gone) };
     }

@@ -210,6 +210,14 @@ fn child_grow_in_place() {
     edgepool::check_heap().unwrap();
 }
 
+/// Frees the blocks [`churn`] left live.
+fn free_live(live: Vec<(*mut u8, usize, u8)>) {
+    for (p, n, _) in live {
+        // SAFETY: live blocks of [`churn`], freed once.
+        unsafe { dealloc(p, layout(n)) };
+    }
+}
+
 /// `steps` blocks of 1-6 MiB written whole, each after freeing a random one of `live` (its contents
 /// checked) once six are live. Returns the most mappings the process had after a step.
 fn churn(rng: &mut common::Rng, live: &mut Vec<(*mut u8, usize, u8)>, steps: usize) -> usize {
@@ -254,10 +262,7 @@ fn child_mapping_limit() {
     // Each move adds at most four mappings, and one more may have been under way at the limit; the
     // heap's own growth adds a few.
     assert!(most <= limit + 8, "{most} mappings against a limit of {limit} ({maps0} at the start)");
-    for (p, n, _) in live {
-        // SAFETY: live blocks of this test, freed once.
-        unsafe { dealloc(p, layout(n)) };
-    }
+    free_live(live);
     edgepool::check_heap().unwrap();
 }
 
@@ -283,10 +288,7 @@ fn child_mappings_merge() {
     let most = churn(&mut common::Rng::new(11), &mut live, 400).max(maps0);
     let moved = edgepool::stats().moved_bytes;
     assert!(moved > 64 * MIB, "{moved} bytes moved");
-    for (p, n, _) in live {
-        // SAFETY: live blocks of this test, freed once.
-        unsafe { dealloc(p, layout(n)) };
-    }
+    free_live(live);
     edgepool::trim();
     let after = edgepool::os::mappings().unwrap();
     eprintln!("mappings: {maps0} at the start, {most} at most, {after} after a trim; {moved} bytes moved");
