@@ -1839,7 +1839,6 @@ pub fn stats() -> Stats {
     let calls = &os::OS_CALLS;
     let mut s = Stats {
         counters: COUNTERS.snapshot(),
-        slab_bytes: stats::slab_bytes(),
         os_mmap_calls: calls.mmap.load(Ordering::Relaxed),
         os_munmap_calls: calls.munmap.load(Ordering::Relaxed),
         os_madvise_calls: calls.madvise.load(Ordering::Relaxed),

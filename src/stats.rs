@@ -83,9 +83,6 @@ counters! {
 
 pub static COUNTERS: Counters = Counters::new();
 
-/// Slabs laid out for each size class now (a spare slab, empty and of no class, is in none).
-pub static CLASS_SLABS: [AtomicUsize; NCLASSES] = [const { AtomicUsize::new(0) }; NCLASSES];
-
 /// Adds `by` to counter `c`.
 #[inline]
 pub fn add(c: &AtomicUsize, by: usize) {
@@ -102,13 +99,6 @@ pub fn add_fetch(c: &AtomicUsize, by: usize) -> usize {
 #[inline]
 pub fn sub(c: &AtomicUsize, by: usize) {
     c.fetch_sub(by, Ordering::Relaxed);
-}
-
-/// Bytes held in slabs: slabs taken minus slabs given back, at the slab size.
-pub fn slab_bytes() -> usize {
-    let s = COUNTERS.slabs_acquired.load(Ordering::Relaxed);
-    let r = COUNTERS.slabs_released.load(Ordering::Relaxed);
-    s.saturating_sub(r) * crate::size_class::SLAB_SIZE
 }
 
 /// Writes the statistics report `s` to file descriptor `fd`, one figure a line, without allocating.

@@ -190,3 +190,46 @@ fn child_threads() {
     assert_eq!(delta(&s1, &s2, c), (-(4 * N as i64) / 2, 0, 4 * N as i64 / 2));
     assert_eq!(s2.classes[c].slots_in_use, s0.classes[c].slots_in_use);
 }
+
+#[test]
+fn counters_of_every_thread_add_up_after_it_exits() {
+    common::run_child("child_counters", &[]);
+}
+
+#[test]
+#[ignore = "run by counters_of_every_thread_add_up_after_it_exits in a child process"]
+fn child_counters() {
+    // The cache layer counts in each thread's cache (its slabs, refills and remote frees) and the
+    // report sums the caches: three threads lay out three whole slabs of 1024-byte slots each and
+    // exit with every slot live, then this thread frees them all (remote frees, to caches whose
+    // threads are gone).
+    let c = class_index(1024);
+    let per_slab = edgepool::classes::SLAB_SIZE / 1024;
+    let layout = Layout::from_size_align(1000, 8).unwrap();
+    let s0 = settled_stats();
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // SAFETY: non-zero size; the blocks are freed by the main thread below.
+                (0..3 * per_slab).map(|_| unsafe { alloc(layout) } as usize).collect::<Vec<usize>>()
+            })
+        })
+        .collect();
+    let blocks: Vec<usize> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let s1 = edgepool::stats();
+    let (k0, k1) = (s0.counters, s1.counters);
+    // Nine new slabs, none given back (every slot is live), each reached through a slow path.
+    assert!(k1.slabs_acquired - k0.slabs_acquired >= 9, "{k0:?}\n{k1:?}");
+    assert!(k1.slab_refills - k0.slab_refills >= 9, "{k0:?}\n{k1:?}");
+    assert_eq!(s1.classes[c].slots_reserved - s0.classes[c].slots_reserved, 9 * per_slab);
+    assert_eq!(s1.classes[c].slots_in_use - s0.classes[c].slots_in_use, 9 * per_slab);
+    assert_eq!(s1.slab_bytes, (k1.slabs_acquired - k1.slabs_released) * edgepool::classes::SLAB_SIZE);
+    for &p in &blocks {
+        // SAFETY: allocated above with this layout, freed once.
+        unsafe { dealloc(p as *mut u8, layout) };
+    }
+    let s2 = edgepool::stats();
+    assert_eq!(s2.classes[c].slots_in_use, s0.classes[c].slots_in_use, "{:?}", s2.classes[c]);
+    // Each of the nine slabs was queued for its (departed) owner at its first free from here.
+    assert!(s2.counters.remote_frees - k1.remote_frees >= 9, "{k1:?}\n{:?}", s2.counters);
+}

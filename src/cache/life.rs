@@ -213,13 +213,7 @@ unsafe fn abandon(cache: *mut Cache) {
                 }
             }
         }
-        let spare = (*cache).spare;
-        if !spare.is_null() {
-            (*cache).spare = core::ptr::null_mut();
-            stats::add(&COUNTERS.slabs_released, 1);
-            crate::slab::Slab::disown(spare);
-            heap::free_block((*spare).data);
-        }
+        super::release_spare(cache);
         sync::CACHE_POOL.lock();
         (*cache).pool_next = POOL.load(Ordering::Relaxed);
         POOL.store(cache, Ordering::Relaxed);

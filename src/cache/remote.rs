@@ -34,7 +34,7 @@ pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
             os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
         }
         *mark = slab::freed_mark();
-        count_remote_free((*slab).class as usize);
+        let class = (*slab).class as usize;
         let Some(queue) = Slab::push_remote(slab, idx) else {
             os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
         };
@@ -48,20 +48,21 @@ pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
                     Err(h) => head = h,
                 }
             }
-            stats::add(&COUNTERS.remote_frees, 1);
         }
+        // The slab is not touched after this: once queued, its owner may give it back.
+        count_remote_free(class, queue);
     }
 }
 
 /// Slots freed by threads without a cache of their own (exiting threads), per class.
 pub(super) static ORPHAN_FREES: [AtomicU64; NCLASSES] = [const { AtomicU64::new(0) }; NCLASSES];
 
-/// Counts a free of a `class` slot by a thread that does not own its slab: in the calling thread's
-/// cache (no shared write). A thread that frees before it ever allocated (a consumer) gets its cache
+/// Counts a free of a `class` slot by a thread that does not own its slab, and the slab's queueing
+/// for its owner if `queued`: in the calling thread's cache (no shared write). A thread that frees before it ever allocated (a consumer) gets its cache
 /// here, so that its frees do not all write one shared counter (xmalloc's consumers were 8 % slower
 /// with it); only a thread whose cache is gone (exiting) or that cannot get one counts in
-/// [`ORPHAN_FREES`].
-fn count_remote_free(class: usize) {
+/// [`ORPHAN_FREES`] (and `COUNTERS.remote_frees`).
+fn count_remote_free(class: usize, queued: bool) {
     let mut me = life::tls_cache();
     if me == super::empty_cache() && !life::exiting() {
         me = life::acquire();
@@ -71,10 +72,18 @@ fn count_remote_free(class: usize) {
     }
     if me == super::empty_cache() {
         ORPHAN_FREES[class].fetch_add(1, Ordering::Relaxed);
+        if queued {
+            stats::add(&COUNTERS.remote_frees, 1);
+        }
     } else {
-        // SAFETY: our own live cache; `remote_freed` is written by its owner only; class < NCLASSES
-        // (a slab's class).
-        super::bump(unsafe { &(*me).remote_freed[class] });
+        // SAFETY: our own live cache; `remote_freed` and `counts` are written by their owner only;
+        // class < NCLASSES (a slab's class).
+        unsafe {
+            super::bump(&(*me).remote_freed[class]);
+            if queued {
+                super::bump(&(*me).counts.queued);
+            }
+        }
     }
 }
 

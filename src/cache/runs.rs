@@ -21,13 +21,12 @@
 //! at thread exit (abandonment), and by `trim()`, a phase's end and `set_limit`, which flush the
 //! calling thread's cache at once and every other thread's at its next use of it (an epoch).
 
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::Cache;
 use crate::heap;
 use crate::os::PAGE;
 use crate::phase_state;
-use crate::stats::{self, COUNTERS};
 
 /// Largest run, in pages, that a thread caches.
 pub const RUN_PAGES: usize = 16;
@@ -43,14 +42,18 @@ static EPOCH: AtomicUsize = AtomicUsize::new(0);
 ///
 /// Invariants: `slot[k][..n[k]]` are distinct live runs of exactly `k + 1` pages, not handed out,
 /// each with its head marked [`heap::RUN_CACHED`]; `bytes` is the sum of their sizes, at most
-/// [`RUN_BYTES`]; `epoch` is the [`EPOCH`] value at the last flush (or creation).
+/// [`RUN_BYTES`]; `epoch` is the [`EPOCH`] value at the last flush (or creation); `hits` counts the
+/// runs handed out. `bytes` and `hits` are atomics that only the owner writes (a load and a store),
+/// so that the statistics sum them over the caches ([`cached`]) where a process-wide counter took a
+/// locked add per run.
 ///
 /// Layout: `slot` last (`repr(C)`), so that [`Runs::init_at`] writes only the front; left to Rust,
 /// the counters went after the table, onto the cache's last page, which every thread then made
 /// resident.
 #[repr(C)]
 pub struct Runs {
-    bytes: usize,
+    bytes: AtomicUsize,
+    hits: AtomicU64,
     epoch: usize,
     n: [u8; RUN_PAGES],
     slot: [[*mut u8; SLOTS]; RUN_PAGES],
@@ -58,7 +61,13 @@ pub struct Runs {
 
 impl Runs {
     pub const fn new() -> Runs {
-        Runs { bytes: 0, epoch: 0, n: [0; RUN_PAGES], slot: [[core::ptr::null_mut(); SLOTS]; RUN_PAGES] }
+        Runs {
+            bytes: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            epoch: 0,
+            n: [0; RUN_PAGES],
+            slot: [[core::ptr::null_mut(); SLOTS]; RUN_PAGES],
+        }
     }
 
     /// Makes the cache at `r` empty without writing `slot` (only `slot[k][..n[k]]` is ever read).
@@ -68,7 +77,8 @@ impl Runs {
     pub unsafe fn init_at(r: *mut Runs) {
         // SAFETY: field projections of memory we may write (contract).
         unsafe {
-            (&raw mut (*r).bytes).write(0);
+            (&raw mut (*r).bytes).write(AtomicUsize::new(0));
+            (&raw mut (*r).hits).write(AtomicU64::new(0));
             (&raw mut (*r).epoch).write(0);
             (&raw mut (*r).n).write([0; RUN_PAGES]);
         }
@@ -119,10 +129,9 @@ pub fn take(pages: usize) -> *mut u8 {
         }
         let p = (*r).slot[k][n - 1];
         (*r).n[k] -= 1;
-        (*r).bytes -= pages * PAGE;
+        set_bytes(r, bytes(r) - pages * PAGE);
         heap::set_run_state(p, heap::RUN_LIVE);
-        stats::sub(&COUNTERS.run_cache_bytes, pages * PAGE);
-        stats::add(&COUNTERS.run_cache_hits, 1);
+        (*r).hits.store((*r).hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         p
     }
 }
@@ -146,15 +155,14 @@ pub unsafe fn put(p: *mut u8, pages: usize) -> bool {
     unsafe {
         let k = pages - 1;
         let n = (*r).n[k] as usize;
-        if n == SLOTS || (*r).bytes + pages * PAGE > RUN_BYTES {
+        if n == SLOTS || bytes(r) + pages * PAGE > RUN_BYTES {
             return false;
         }
         heap::set_run_state(p, heap::RUN_CACHED);
         (*r).slot[k][n] = p;
         (*r).n[k] += 1;
-        (*r).bytes += pages * PAGE;
+        set_bytes(r, bytes(r) + pages * PAGE);
     }
-    stats::add(&COUNTERS.run_cache_bytes, pages * PAGE);
     true
 }
 
@@ -165,11 +173,10 @@ pub unsafe fn put(p: *mut u8, pages: usize) -> bool {
 unsafe fn flush_runs(r: *mut Runs) {
     // SAFETY: owner; every listed entry is a cached run (invariant), handed back once and unlisted.
     unsafe {
-        if (*r).bytes == 0 {
+        if bytes(r) == 0 {
             return;
         }
-        stats::sub(&COUNTERS.run_cache_bytes, (*r).bytes);
-        (*r).bytes = 0;
+        set_bytes(r, 0);
         for k in 0..RUN_PAGES {
             for i in 0..(*r).n[k] as usize {
                 let p = (*r).slot[k][i];
@@ -208,5 +215,35 @@ pub fn mine_bytes() -> usize {
         return 0;
     }
     // SAFETY: our own live cache; read by its owner.
-    unsafe { (*c).runs.bytes }
+    unsafe { bytes(&raw mut (*c).runs) }
+}
+
+/// The bytes held in `r` (its `bytes`).
+///
+/// # Safety
+/// - `r` is the run cache of a live cache (any thread may read).
+unsafe fn bytes(r: *mut Runs) -> usize {
+    // SAFETY: a live cache's field (contract), an atomic.
+    unsafe { (*r).bytes.load(Ordering::Relaxed) }
+}
+
+/// Sets `r`'s `bytes`.
+///
+/// # Safety
+/// - owner: `r` is the run cache of a cache the calling thread owns.
+unsafe fn set_bytes(r: *mut Runs, v: usize) {
+    // SAFETY: owner (contract): the only writer.
+    unsafe { (*r).bytes.store(v, Ordering::Relaxed) }
+}
+
+/// The bytes and the hits of `cache`'s run cache, for the statistics (any thread).
+///
+/// # Safety
+/// - `cache` is a live cache.
+pub(super) unsafe fn cached(cache: *mut Cache) -> (usize, u64) {
+    // SAFETY: a live cache (contract); only atomics are read.
+    unsafe {
+        let r = &raw mut (*cache).runs;
+        (bytes(r), (*r).hits.load(Ordering::Relaxed))
+    }
 }

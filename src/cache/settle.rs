@@ -83,8 +83,7 @@ unsafe fn end_slab(cache: *mut Cache, s: *mut Slab, rrow: *mut ClassState, class
         let used = ((*s).nslots - (*s).free_count) as usize;
         r.survivor_bytes += used * (*s).size as usize;
         if used == 0 && (*s).shared.remote.load(Ordering::Acquire) == 0 {
-            stats::add(&COUNTERS.slabs_released, 1);
-            stats::sub(&stats::CLASS_SLABS[class], 1);
+            super::count_left(cache, class, true);
             r.slabs_released += 1;
             Slab::disown(s);
             heap::free_block((*s).data);
