@@ -327,9 +327,9 @@ fn large_or_mapped(size: usize, align: usize, zeroed: bool, prefault: bool) -> *
     if size <= max && align <= max {
         let load = cache::current_is_load();
         if !load && align <= PAGE {
+            // A hit counts in `large_allocs` through the run cache's own count.
             let p = cache::runs::take(size.div_ceil(PAGE));
             if !p.is_null() {
-                stats::add(&COUNTERS.large_allocs, 1);
                 if zeroed {
                     // SAFETY: the run holds at least `size` bytes, ours now.
                     unsafe { core::ptr::write_bytes(p, 0, size) };
@@ -510,12 +510,12 @@ unsafe extern "C" fn free_general(p: *mut u8) {
             if unsafe { heap::is_run_cached(p) } {
                 os::invalid_pointer(p, "free(): double free (the block is in a thread's run cache)");
             }
-            stats::add(&COUNTERS.large_frees, 1);
             // SAFETY: a live large block head, given up by the caller; a run allocated outside a load
-            // phase may be kept by this thread's run cache.
+            // phase may be kept by this thread's run cache (which counts it in `large_frees`).
             if unsafe { !heap::is_load_block(p) && cache::runs::put(p, heap::block_size(p) / PAGE) } {
                 return;
             }
+            stats::add(&COUNTERS.large_frees, 1);
             // SAFETY: a live large block head, given up by the caller.
             let (load, size) = unsafe { heap::free_block(p) };
             if load {

@@ -67,11 +67,15 @@ fn child_serves_and_bounded() {
     let z = edgepool::raw::alloc_zeroed(6 * PAGE, 16);
     // SAFETY: a live block of 6 pages.
     assert!(unsafe { std::slice::from_raw_parts(z, 2 * PAGE) }.iter().all(|&b| b == 0));
+    // Runs kept by the cache count as large frees.
+    let frees = edgepool::stats().counters.large_frees;
     // SAFETY: live, freed once.
     unsafe {
         edgepool::raw::free(p);
         edgepool::raw::free(z);
     }
+    assert_eq!(mine_bytes(), 4 * 6 * PAGE);
+    assert_eq!(edgepool::stats().counters.large_frees, frees + 2);
     // No more than SLOTS runs of one page count, no more than RUN_BYTES in all.
     churn(3 * SLOTS, 6);
     assert_eq!(mine_bytes(), SLOTS * 6 * PAGE, "the six-page bin not filled to SLOTS");

@@ -1088,6 +1088,7 @@ struct CountSums {
     released: u64,
     run_bytes: usize,
     run_hits: u64,
+    run_puts: u64,
     class_slabs: [u64; NCLASSES],
 }
 
@@ -1107,9 +1108,10 @@ fn counts() -> CountSums {
             for (sum, g) in t.class_slabs.iter_mut().zip((*c).class_slabs.iter()) {
                 *sum = sum.wrapping_add(g.load(Ordering::Relaxed));
             }
-            let (bytes, hits) = runs::cached(cache);
+            let (bytes, hits, puts) = runs::cached(cache);
             t.run_bytes += bytes;
             t.run_hits += hits;
+            t.run_puts += puts;
         }
     });
     t
@@ -1127,6 +1129,8 @@ fn complete_stats(s: &mut stats::Stats) {
     k.slabs_released += t.released as usize;
     k.run_cache_bytes += t.run_bytes;
     k.run_cache_hits += t.run_hits as usize;
+    k.large_allocs += t.run_hits as usize;
+    k.large_frees += t.run_puts as usize;
     s.slab_bytes = k.slabs_acquired.saturating_sub(k.slabs_released) * crate::size_class::SLAB_SIZE;
     let (allocs, frees) = class_counts();
     let mut small = 0;

@@ -23,7 +23,7 @@
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::Cache;
+use super::{bump, Cache};
 use crate::heap;
 use crate::os::PAGE;
 use crate::phase_state;
@@ -43,9 +43,10 @@ static EPOCH: AtomicUsize = AtomicUsize::new(0);
 /// Invariants: `slot[k][..n[k]]` are distinct live runs of exactly `k + 1` pages, not handed out,
 /// each with its head marked [`heap::RUN_CACHED`]; `bytes` is the sum of their sizes, at most
 /// [`RUN_BYTES`]; `epoch` is the [`EPOCH`] value at the last flush (or creation); `hits` counts the
-/// runs handed out. `bytes` and `hits` are atomics that only the owner writes (a load and a store),
-/// so that the statistics sum them over the caches ([`cached`]) where a process-wide counter took a
-/// locked add per run.
+/// runs handed out and `puts` the runs kept. `bytes`, `hits` and `puts` are atomics that only the
+/// owner writes (a load and a store), so that the statistics sum them over the caches ([`cached`])
+/// where process-wide counters took a locked add per run (`large_allocs` and `large_frees` count
+/// a hit and a put through them).
 ///
 /// Layout: `slot` last (`repr(C)`), so that [`Runs::init_at`] writes only the front; left to Rust,
 /// the counters went after the table, onto the cache's last page, which every thread then made
@@ -54,6 +55,7 @@ static EPOCH: AtomicUsize = AtomicUsize::new(0);
 pub struct Runs {
     bytes: AtomicUsize,
     hits: AtomicU64,
+    puts: AtomicU64,
     epoch: usize,
     n: [u8; RUN_PAGES],
     slot: [[*mut u8; SLOTS]; RUN_PAGES],
@@ -64,6 +66,7 @@ impl Runs {
         Runs {
             bytes: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
             epoch: 0,
             n: [0; RUN_PAGES],
             slot: [[core::ptr::null_mut(); SLOTS]; RUN_PAGES],
@@ -79,6 +82,7 @@ impl Runs {
         unsafe {
             (&raw mut (*r).bytes).write(AtomicUsize::new(0));
             (&raw mut (*r).hits).write(AtomicU64::new(0));
+            (&raw mut (*r).puts).write(AtomicU64::new(0));
             (&raw mut (*r).epoch).write(0);
             (&raw mut (*r).n).write([0; RUN_PAGES]);
         }
@@ -131,7 +135,7 @@ pub fn take(pages: usize) -> *mut u8 {
         (*r).n[k] -= 1;
         set_bytes(r, bytes(r) - pages * PAGE);
         heap::set_run_state(p, heap::RUN_LIVE);
-        (*r).hits.store((*r).hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        bump(&(*r).hits);
         p
     }
 }
@@ -162,6 +166,7 @@ pub unsafe fn put(p: *mut u8, pages: usize) -> bool {
         (*r).slot[k][n] = p;
         (*r).n[k] += 1;
         set_bytes(r, bytes(r) + pages * PAGE);
+        bump(&(*r).puts);
     }
     true
 }
@@ -236,14 +241,14 @@ unsafe fn set_bytes(r: *mut Runs, v: usize) {
     unsafe { (*r).bytes.store(v, Ordering::Relaxed) }
 }
 
-/// The bytes and the hits of `cache`'s run cache, for the statistics (any thread).
+/// The bytes, hits and puts of `cache`'s run cache, for the statistics (any thread).
 ///
 /// # Safety
 /// - `cache` is a live cache.
-pub(super) unsafe fn cached(cache: *mut Cache) -> (usize, u64) {
+pub(super) unsafe fn cached(cache: *mut Cache) -> (usize, u64, u64) {
     // SAFETY: a live cache (contract); only atomics are read.
     unsafe {
         let r = &raw mut (*cache).runs;
-        (bytes(r), (*r).hits.load(Ordering::Relaxed))
+        (bytes(r), (*r).hits.load(Ordering::Relaxed), (*r).puts.load(Ordering::Relaxed))
     }
 }
