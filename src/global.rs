@@ -291,8 +291,9 @@ const PREFAULT_MIN: usize = 256 << 10;
 /// (`EDGEPOOL_LOAD_PREFAULT`). Loaders write the large blocks they allocate (weights, their copies,
 /// packed forms), and one `MADV_POPULATE_WRITE` per block costs far less than a fault per page:
 /// measured on tract loading a 128 MB model, 147k page faults fell to about 4k and the load time
-/// from ~380 to ~330 ms (load-bench median), at the same peak. Zeroed requests are left out (a large zeroed buffer is often
-/// used sparsely), and so are `realloc`'s moves (their new tail is capacity, not yet data).
+/// from ~380 to ~330 ms (load-bench median), at the same peak. Zeroed requests are left out (a large
+/// zeroed buffer is often used sparsely), and so are `realloc`'s moves (their new tail is capacity,
+/// not yet data).
 #[inline]
 fn alloc_general_with(size: usize, align: usize, zeroed: bool, prefault: bool) -> *mut u8 {
     let size = size.max(1);

@@ -267,7 +267,8 @@ unsafe fn release_spare(cache: *mut Cache) {
 ///
 /// Invariants: owned by one thread at a time (see the module documentation); `rows_now` points at
 /// `rows[base]`, the first row of the row set the cache allocates from (`base` is a [`RowSet`] offset:
-/// 0, `NCLASSES` or `2 * NCLASSES`), so `rows_now + c` is the row of class `c`; `spare` is null or an empty slab of this cache in state `Spare`;
+/// 0, `NCLASSES` or `2 * NCLASSES`), so `rows_now + c` is the row of class `c`; `spare` is null or
+/// an empty slab of this cache in state `Spare`;
 /// `remote` heads a Treiber stack (link `shared.remote_next`) of this cache's slabs with `QUEUED` set;
 /// `depth` counts this thread's open load-phase guards; `settle_pending` asks the owner to settle its
 /// load rows at its next slow path.

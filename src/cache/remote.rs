@@ -58,10 +58,10 @@ pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
 pub(super) static ORPHAN_FREES: [AtomicU64; NCLASSES] = [const { AtomicU64::new(0) }; NCLASSES];
 
 /// Counts a free of a `class` slot by a thread that does not own its slab, and the slab's queueing
-/// for its owner if `queued`: in the calling thread's cache (no shared write). A thread that frees before it ever allocated (a consumer) gets its cache
-/// here, so that its frees do not all write one shared counter (xmalloc's consumers were 8 % slower
-/// with it); only a thread whose cache is gone (exiting) or that cannot get one counts in
-/// [`ORPHAN_FREES`] (and `COUNTERS.remote_frees`).
+/// for its owner if `queued`: in the calling thread's cache (no shared write). A thread that frees
+/// before it ever allocated (a consumer) gets its cache here, so that its frees do not all write one
+/// shared counter (xmalloc's consumers were 8 % slower with it); only a thread whose cache is gone
+/// (exiting) or that cannot get one counts in [`ORPHAN_FREES`] (and `COUNTERS.remote_frees`).
 fn count_remote_free(class: usize, queued: bool) {
     let mut me = life::tls_cache();
     if me == super::empty_cache() && !life::exiting() {
