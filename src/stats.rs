@@ -1,7 +1,11 @@
 //! Statistics: one declarative list of counters generates the live atomic struct and its snapshot.
 //!
-//! Counters are added to with relaxed atomics on slow paths only (slab refills, block allocation,
-//! thread start and exit); the small-object fast paths stay free of shared writes. Heap-wide figures
+//! Counters are added to with relaxed atomics on slow paths only (block allocation, thread start
+//! and exit); the small-object fast paths stay free of shared writes. The thread caches' own figures
+//! (`slab_refills`, `remote_frees`, `slabs_acquired`, `slabs_released`, `run_cache_hits`,
+//! `run_cache_bytes`, and the run cache's share of `large_allocs` and `large_frees`) are kept per
+//! cache and added to the snapshot by the cache layer's completer (`cache::complete_stats`), so
+//! [`COUNTERS`] holds only what no cache counted of them (frees by exiting threads). Heap-wide figures
 //! (bytes taken from the OS, free and dirty bytes) are filled in by the heap under its lock
 //! (`heap::stats`); [`write_report`] prints a report without allocating.
 
