@@ -23,7 +23,7 @@
 //! forced. The search takes, for the largest tensor of `E` not yet grouped, the sets of `E` that
 //! hold it and are runs of neighbours (connected by pairs that some order of the tree has side by
 //! side, [`Tree::adjacent`]) with the sets of `S` of the same sum (at most so many a side, see
-//! `SCHEDULE`, then the whole boundary), smallest first, and backtracks over these choices (and
+//! `RUNS`, then the whole boundary), smallest first, and backtracks over these choices (and
 //! over the boundaries) when a reduction fails, within a node limit and a deadline. Where a dozen
 //! tensors end and a dozen start at once, small pieces let hundreds of sets add up by chance, and
 //! a wrong choice shows only boundaries later: the tiling instances of `hard` with 400 tensors are
@@ -515,7 +515,8 @@ struct Applied {
 /// Invariants: `marked` is all false between calls (each use marks a set and clears it);
 /// `applied[j]` is what was applied at boundary `j`, for every boundary before the one being
 /// grouped; `final_tree` is set only once every boundary was applied; once `out_of_time` is set
-/// (`max_nodes` spent or `deadline` passed), every call returns failure.
+/// (`max_nodes` spent, `deadline` passed, or the run stalled by `stall_check`), every call returns
+/// failure.
 struct Search<'a> {
     tensors: &'a [Tensor],
     bounds: &'a [Boundary],
@@ -530,6 +531,8 @@ struct Search<'a> {
     limits: Limits,
     /// `applied` and the tree as they stood when the deepest boundary so far was reached.
     deepest: Option<(Vec<Applied>, Tree)>,
+    /// When a run that has not got past its first boundaries stops (`STALL_PERCENT`).
+    stall_check: Instant,
 }
 
 /// Members of a group searched on each side of a boundary (beyond them, only the whole boundary).
@@ -543,7 +546,15 @@ impl Search<'_> {
     fn spend(&mut self) -> bool {
         self.nodes += 1;
         // The clock every node: a node lists its boundary's groups, which costs far more.
-        if self.nodes >= self.max_nodes || Instant::now() >= self.deadline {
+        let now = Instant::now();
+        if self.nodes >= self.max_nodes || now >= self.deadline {
+            self.out_of_time = true;
+        }
+        // A run stalled at its first boundaries (see `STALL_PERCENT`).
+        if now >= self.stall_check
+            && self.bounds.len() >= STALL_BOUNDS
+            && self.deepest.as_ref().is_none_or(|d| d.0.len() <= STALL_DEPTH)
+        {
             self.out_of_time = true;
         }
         !self.out_of_time
@@ -908,11 +919,13 @@ fn candidates(
 /// later fitted among it: where the search stalls late, a plan close to the bound, from which the
 /// local search starts (tiling 400/6 of the bench: 1.090x the optimum without it, 1.021x with it).
 ///
-/// The time (and the nodes) is split evenly between runs: for each group limit of `SCHEDULE`, the
-/// search forward in time, then the same search on the instance mirrored in time (each tensor's ops
-/// mirrored: the same plans, but the boundaries come in the other order, and each direction ends
-/// at the bound on instances where the other does not). The last `COMPLETION_TENTHS` of the time
-/// go to the deepest partial tiling of all runs, completed again by a local search ([`relaid`]).
+/// The time (and the nodes) is split evenly between the runs of `RUNS`: the search forward in time,
+/// or the same search on the instance mirrored in time (each tensor's ops mirrored: the same plans,
+/// but the boundaries come in the other order, and each direction ends at the bound on instances
+/// where the other does not), with their group limits. Each run ends at a fixed point of the
+/// time, so a run that stalls at its first boundaries and stops early (see `STALL_PERCENT`) leaves
+/// its time to the next. The last `COMPLETION_TENTHS` of the time go to the deepest partial tiling
+/// of all runs, completed again by a local search ([`relaid`]).
 pub(super) fn plan(
     tensors: &[Tensor],
     bound: u64,
@@ -925,7 +938,7 @@ pub(super) fn plan(
     let forwards = ops(tensors, bound).ok_or(None)?;
     // The mirrored instance, made when its first run comes.
     let mut backwards: Option<(Vec<Tensor>, Ops)> = None;
-    let runs = SCHEDULE.len() as u32 * 2;
+    let runs = RUNS.len() as u32;
     let now = Instant::now();
     let runs_end = now + deadline.saturating_duration_since(now) * (10 - COMPLETION_TENTHS) / 10;
     let slice = runs_end.saturating_duration_since(now) / runs;
@@ -934,39 +947,37 @@ pub(super) fn plan(
     // The deepest partial tiling so far: boundaries reached, whether of the mirrored instance, and
     // the offsets it gives (`None` for the tensors that start after it).
     let mut deepest: Option<(usize, bool, Vec<Option<u64>>)> = None;
-    for &(e, s) in SCHEDULE {
-        for mirror in [false, true] {
-            k += 1;
-            let until = if k == runs { runs_end } else { now + slice * k };
-            let (ts, o) = if mirror {
-                if backwards.is_none() {
-                    let m = mirrored(tensors);
-                    let o = ops(&m, bound).ok_or(None)?;
-                    backwards = Some((m, o));
+    for &(e, s, mirror) in RUNS {
+        k += 1;
+        let until = if k == runs { runs_end } else { now + slice * k };
+        let (ts, o) = if mirror {
+            if backwards.is_none() {
+                let m = mirrored(tensors);
+                let o = ops(&m, bound).ok_or(None)?;
+                backwards = Some((m, o));
+            }
+            let (m, o) = backwards.as_ref().ok_or(None)?;
+            (&m[..], o)
+        } else {
+            (tensors, &forwards)
+        };
+        let limits = Limits { ends: e, starts: s };
+        match one_way(ts, o, bound, until, max_nodes / runs as u64, limits) {
+            Ok(offsets) => return Ok(offsets),
+            Err(None) => {}
+            Err(Some(p)) => {
+                // A partial tiling of the mirrored instance is one of the instance (the same
+                // tensors overlap); a completed one at the bound is a plan at the bound.
+                if let Some((offsets, size)) = p.completed {
+                    if size <= bound {
+                        return Ok(offsets);
+                    }
+                    if best.as_ref().is_none_or(|b| size < b.1) {
+                        best = Some((offsets, size));
+                    }
                 }
-                let (m, o) = backwards.as_ref().ok_or(None)?;
-                (&m[..], o)
-            } else {
-                (tensors, &forwards)
-            };
-            let limits = Limits { ends: e, starts: s };
-            match one_way(ts, o, bound, until, max_nodes / runs as u64, limits) {
-                Ok(offsets) => return Ok(offsets),
-                Err(None) => {}
-                Err(Some(p)) => {
-                    // A partial tiling of the mirrored instance is one of the instance (the same
-                    // tensors overlap); a completed one at the bound is a plan at the bound.
-                    if let Some((offsets, size)) = p.completed {
-                        if size <= bound {
-                            return Ok(offsets);
-                        }
-                        if best.as_ref().is_none_or(|b| size < b.1) {
-                            best = Some((offsets, size));
-                        }
-                    }
-                    if deepest.as_ref().is_none_or(|d| p.depth > d.0) {
-                        deepest = Some((p.depth, mirror, p.offsets));
-                    }
+                if deepest.as_ref().is_none_or(|d| p.depth > d.0) {
+                    deepest = Some((p.depth, mirror, p.offsets));
                 }
             }
         }
@@ -1097,19 +1108,39 @@ fn ops(tensors: &[Tensor], bound: u64) -> Option<Ops> {
 }
 
 /// The group limits of the runs (each forwards, then mirrored), the time split evenly: at most 7
-/// ending and 3 starting tensors a group, then 5 and 5. Measured on the hard instances of 100–400
-/// tensors, seeds 0-12, 300 ms each (while CI ran): one run of 5 and 5 tiled 15 of 52, of 7 and 3 alone 20, the
-/// two 22 (7 and 4: 18–19; 8 and 5: 16; 5 and 5 with fewest-groups-first branching: 9). Limits suit
-/// the families they were measured on (`hard::tiling` re-splits each hole into at most three
-/// tiles); the whole boundary is always a candidate too. These were measured before groups were
-/// listed as runs of neighbours. Since: a third run of 7 and 3 on the old listing (every subset)
-/// brought back neither of the two guillotine instances that the new listing no longer reaches
-/// within 200 ms (guillotine 200/4 and 400/2 of the bench).
+/// ending and 3 starting tensors a group, then 5 and 5 (until 2026-12-06, now `RUNS`). Measured on
+/// the hard instances of 100–400 tensors, seeds 0-12, 300 ms each (while CI ran): one run of 5 and
+/// 5 tiled 15 of 52, of 7 and 3 alone 20, the two 22 (7 and 4: 18–19; 8 and 5: 16; 5 and 5 with
+/// fewest-groups-first branching: 9). Limits suit the families they were measured on
+/// (`hard::tiling` re-splits each hole into at most three tiles); the whole boundary is always a
+/// candidate too. These were measured before groups were listed as runs of neighbours. Since: a
+/// third run of 7 and 3 on the old listing (every subset) brought back neither of the two
+/// guillotine instances that the new listing no longer reaches within 200 ms (guillotine 200/4 and
+/// 400/2 of the bench).
 /// With the listing pruned by [`Sums`] (2026-12-04, `PLAN_SEEDS=0-12 cargo bench --bench plan`,
 /// one run each): `search` at 1 s ended within 1.05x on 96 of the 104 (95 before the pruning);
 /// limits of 10 and 3, then 6 and 4 (which list the plan's group of 8 ending tensors above) gave
 /// 98 and 95 in two runs, within the spread, so the limits stay.
-const SCHEDULE: &[(usize, usize)] = &[(7, 3), (5, 5)];
+///
+/// `RUNS` (2026-12-06): the runs in order, as (ending, starting tensors a group at most, mirrored).
+/// The third, forward with 10 and 3, takes the place of the forward run of 5 and 5, which tiled
+/// none of the 65 instances of 100-400 tensors of seeds 0-12 of the bench (the other three tiled
+/// 43): 10 ending tensors list the group of 8 at boundary 22 of tiling 400/0, where the first run
+/// stalls, and given the time (200 ms) the run reaches boundary 32 of 35, from which the partial
+/// tiling completes to 1.02x. It has that time only when the mirrored run before it stalls and
+/// stops early (`STALL_PERCENT`), as the mirrored runs do on the tiling instances: their first op
+/// holds every tensor live at the end, in one P-node. The two together, on the 26 instances of
+/// 400 tensors of seeds 0-12, five seeds of the search, alternating with the code before: within
+/// 1.05x on 24.2 on average against 23.8 (geometric means 1.0218 and 1.0224), tiling 400/0 within
+/// it on four seeds of five against none (1.064-1.089x before; 1.028x on the default seed). The
+/// new run without the early stop was no better (23.3 of 26 on three seeds against 24.0).
+const RUNS: &[(usize, usize, bool)] = &[(7, 3, false), (7, 3, true), (10, 3, false), (5, 5, true)];
+
+/// A run that has not passed its `STALL_DEPTH`-th boundary (of `STALL_BOUNDS` or more) by this
+/// percentage of its time stops there and leaves the rest to the next run.
+const STALL_PERCENT: u32 = 25;
+const STALL_DEPTH: usize = 2;
+const STALL_BOUNDS: usize = 10;
 
 /// Tensors beyond which the search is not tried: it recurses once per group, and an instance has
 /// about as many groups as tensors.
@@ -1138,6 +1169,10 @@ fn one_way(
         final_tree: None,
         limits,
         deepest: None,
+        stall_check: {
+            let now = Instant::now();
+            now + deadline.saturating_duration_since(now) * STALL_PERCENT / 100
+        },
     };
     if s.boundary(0, Tree::new(&ops.first)) {
         let final_tree = s.final_tree.take().ok_or(None)?;
