@@ -564,6 +564,31 @@ fn refit(
     true
 }
 
+/// [`refit`] among fixed tensors: `placed` becomes `fixed` with `order[..step.from]` at their
+/// offsets in `prev` (the decoder places each tensor among those before it only), then the others
+/// are fitted again where they may move. `each(tensor, offset)` is told every offset, the kept ones'
+/// too, whose answer is not asked (each lies where the layout of `prev` has it); the fit stops as
+/// soon as it says no for one fitted. Fills `offsets` for the tensors placed.
+#[allow(clippy::too_many_arguments)]
+fn refit_among(
+    tensors: &[Tensor],
+    fixed: &Placed,
+    order: &[usize],
+    step: Change,
+    prev: &[u64],
+    placed: &mut Placed,
+    offsets: &mut [u64],
+    mut each: impl FnMut(usize, u64) -> bool,
+) -> bool {
+    placed.copy_from(fixed);
+    for &x in &order[..step.from] {
+        offsets[x] = prev[x];
+        placed.insert(prev[x], &tensors[x], 0..placed.len());
+        each(x, prev[x]);
+    }
+    refit(tensors, order, step, prev, placed, offsets, each)
+}
+
 fn order_by_size(tensors: &[Tensor]) -> Vec<usize> {
     let mut o: Vec<usize> = (0..tensors.len()).collect();
     o.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].size), tensors[i].first, i));
@@ -1000,12 +1025,7 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
             // The same layout as fitting all of `cand` among the fixed tensors: those before the
             // first changed place keep their offsets, and `refit` fits the others again where
             // they may move.
-            placed.copy_from(&fixed_set);
-            for &x in &cand[..step.from] {
-                offsets[x] = now_offsets[x];
-                placed.insert(offsets[x], &tensors[x], 0..placed.len());
-            }
-            refit(tensors, &cand, step, &now_offsets, &mut placed, &mut offsets, |_, _| true);
+            refit_among(tensors, &fixed_set, &cand, step, &now_offsets, &mut placed, &mut offsets, |_, _| true);
             let sc = score(&offsets);
             if sc <= now {
                 std::mem::swap(&mut order, &mut cand);
@@ -1074,16 +1094,8 @@ pub(super) fn relayout(
         // As in `decode_from`: the tensors before the first changed place keep their offsets, the
         // others are fitted again where they may move, and the fit stops once the candidate is
         // sure to compare worse (its highest end and bytes above `bound` only grow).
-        placed.copy_from(&fixed_set);
         let (mut top, mut over) = (fixed_top, 0u64);
-        for &x in &cand[..step.from] {
-            cand_off[x] = now[x];
-            placed.insert(now[x], &tensors[x], 0..placed.len());
-            let end = now[x] + tensors[x].size;
-            top = top.max(end);
-            over += end.saturating_sub(bound);
-        }
-        let fitted = refit(tensors, &cand, step, &now, &mut placed, &mut cand_off, |x, off| {
+        let fitted = refit_among(tensors, &fixed_set, &cand, step, &now, &mut placed, &mut cand_off, |x, off| {
             let end = off + tensors[x].size;
             top = top.max(end);
             over += end.saturating_sub(bound);
