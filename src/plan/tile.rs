@@ -968,13 +968,8 @@ pub(super) fn plan(
             Err(Some(p)) => {
                 // A partial tiling of the mirrored instance is one of the instance (the same
                 // tensors overlap); a completed one at the bound is a plan at the bound.
-                if let Some((offsets, size)) = p.completed {
-                    if size <= bound {
-                        return Ok(offsets);
-                    }
-                    if best.as_ref().is_none_or(|b| size < b.1) {
-                        best = Some((offsets, size));
-                    }
+                if let Some(at_bound) = p.completed.and_then(|c| keep_lower(&mut best, c, bound)) {
+                    return Ok(at_bound);
                 }
                 if deepest.as_ref().is_none_or(|d| p.depth > d.0) {
                     deepest = Some((p.depth, mirror, p.offsets));
@@ -987,16 +982,23 @@ pub(super) fn plan(
             (Some((m, _)), true) => &m[..],
             _ => tensors,
         };
-        if let Some((offsets, size)) = relaid(ts, &offs, bound, deadline) {
-            if size <= bound {
-                return Ok(offsets);
-            }
-            if best.as_ref().is_none_or(|b| size < b.1) {
-                best = Some((offsets, size));
-            }
+        if let Some(at_bound) = relaid(ts, &offs, bound, deadline).and_then(|c| keep_lower(&mut best, c, bound)) {
+            return Ok(at_bound);
         }
     }
     Err(best)
+}
+
+/// A completed plan `(offsets, size)` of [`plan`]: its offsets if it is at the `bound` (the search
+/// ends there), else `None`, after keeping it in `best` if it is lower.
+fn keep_lower(best: &mut Option<(Vec<u64>, u64)>, plan: (Vec<u64>, u64), bound: u64) -> Option<Vec<u64>> {
+    if plan.1 <= bound {
+        return Some(plan.0);
+    }
+    if best.as_ref().is_none_or(|b| plan.1 < b.1) {
+        *best = Some(plan);
+    }
+    None
 }
 
 /// Tenths of [`plan`]'s time kept for the local search that completes the deepest partial tiling
