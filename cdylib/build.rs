@@ -1,6 +1,6 @@
 //! How `libedgepool.so` is linked, for what it costs every process that preloads it in resident
-//! memory (README, "What the library costs a process"). Two steps, each skipped where it does not
-//! apply, and both off with `EDGEPOOL_PLAIN_LINK=1`:
+//! memory (README, "What the library costs a process"). Three steps, each skipped where it does not
+//! apply, and all off with `EDGEPOOL_PLAIN_LINK=1`:
 //!
 //! 1. **The unwinder linked in.** Rust's standard library asks for `-lgcc_s`, so the library needs
 //!    `libgcc_s.so.1`: one more shared object mapped and relocated in every process (about 100 KiB
@@ -14,7 +14,15 @@
 //!    edgepool's cold code. Segments are aligned to 64 KiB (`-z max-page-size`, which glibc's loader
 //!    honours for the load address since 2.35) and the executable segment starts on such a boundary
 //!    (`-z separate-code`), so that the kernel's 64 KiB fault-around windows fall where the layout
-//!    expects them. See that file.
+//!    expects them. The read-only data that no process reads unless a panic unwinds (the standard
+//!    library's, the exception and unwind tables) goes after the text, in a segment of its own, so
+//!    that the first segment holds only the loader's tables and edgepool's own read-only data. See
+//!    that file.
+//! 3. **Packed relative relocations** (`-z pack-relative-relocs`, `DT_RELR`): the library's 700-odd
+//!    relative relocations (vtables, panic locations) as a bitmap of about 240 bytes instead of 17 KiB
+//!    of `.rela.dyn`, which the loader reads in every process. Only where the build host's glibc (the
+//!    one the library is built for: native builds only) is 2.36 or later, which reads them; an older
+//!    glibc would refuse to load the library (it needs the version `GLIBC_ABI_DT_RELR`).
 
 use std::env;
 use std::path::PathBuf;
@@ -37,6 +45,25 @@ fn main() {
     for arg in ["-Wl,-z,max-page-size=0x10000", "-Wl,-z,separate-code"] {
         println!("cargo:rustc-cdylib-link-arg={arg}");
     }
+    if env::var("TARGET").ok() == env::var("HOST").ok() && host_glibc().is_some_and(|v| v >= (2, 36)) {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,pack-relative-relocs");
+    }
+}
+
+/// Step 3: the version of the glibc this build script runs on (major, minor), on a glibc host.
+fn host_glibc() -> Option<(u32, u32)> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn gnu_get_libc_version() -> *const std::ffi::c_char;
+        }
+        // SAFETY: glibc returns a pointer to a static NUL-terminated string such as "2.36".
+        let v = unsafe { std::ffi::CStr::from_ptr(gnu_get_libc_version()) }.to_str().ok()?;
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+        Some((parts.next()??, parts.next()??))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
 }
 
 /// Step 1: `libgcc_s.a` (a copy of the C compiler's `libgcc_eh.a`) in `OUT_DIR`, searched first.

@@ -6,9 +6,10 @@
    file that LD_PRELOAD names, symbolic links resolved (0 without).
 
    With --code-pages (tests/preload.rs, `the_library_keeps_std_code_out_of_the_pages_a_process_runs`)
-   it prints instead, after the same work, every page of libedgepool.so's executable mappings that
-   is present in the process (/proc/self/pagemap), as its address relative to the library's load
-   base (an ELF virtual address), one per line: "resident 0x...", then "pages N". */
+   it prints instead, after the same work, every page of libedgepool.so's mappings that is present in
+   the process (/proc/self/pagemap), as its address relative to the library's load base (an ELF
+   virtual address), one per line: "resident 0x..." for the executable mappings, "data 0x..." for
+   the others, then "pages N" (the executable ones). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <limits.h>
@@ -58,13 +59,14 @@ static int code_pages(void) {
         unsigned long lo, hi;
         char perm[8];
         if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perm) != 3) continue;
-        if (!strstr(line, "libedgepool") || perm[2] != 'x') continue;
+        if (!strstr(line, "libedgepool")) continue;
+        int code = perm[2] == 'x';
         for (unsigned long a = lo; a < hi; a += 4096) {
             uint64_t e = 0;
             if (pread(pm, &e, sizeof e, (off_t)(a / 4096 * 8)) != (ssize_t)sizeof e) return 1;
             if (e >> 63) {
-                printf("resident 0x%lx\n", (unsigned long)(a - edgepool_base));
-                pages++;
+                printf("%s 0x%lx\n", code ? "resident" : "data", (unsigned long)(a - edgepool_base));
+                pages += code;
             }
         }
     }

@@ -86,9 +86,10 @@ fn uncached_copy(so: &Path, dir: &Path) -> PathBuf {
     copy
 }
 
-/// The resident pages of the library's code (ELF addresses) in `exe --code-pages` run on `so`, with
-/// the `EDGEPOOL_*` variables `env` and no other (CI sets some of its own).
-fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> Vec<u64> {
+/// The resident pages of the library (ELF addresses) in `exe --code-pages` run on `so`, with the
+/// `EDGEPOOL_*` variables `env` and no other (CI sets some of its own): those of its code, then
+/// those of its other segments.
+fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> (Vec<u64>, Vec<u64>) {
     let mut cmd = Command::new(exe);
     cmd.arg("--code-pages").env("LD_PRELOAD", so);
     for (k, _) in std::env::vars_os() {
@@ -99,10 +100,12 @@ fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> Vec<u64> {
     let out = run_with(&mut cmd, false, env);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let pages: Vec<u64> =
-        text.lines().filter_map(|l| u64::from_str_radix(l.strip_prefix("resident 0x")?, 16).ok()).collect();
-    assert!(!pages.is_empty(), "no resident code page found: {text}");
-    pages
+    let read = |prefix: &str| -> Vec<u64> {
+        text.lines().filter_map(|l| u64::from_str_radix(l.strip_prefix(prefix)?, 16).ok()).collect()
+    };
+    let (code, data) = (read("resident 0x"), read("data 0x"));
+    assert!(!code.is_empty() && !data.is_empty(), "no resident code or data page found: {text}");
+    (code, data)
 }
 
 /// What a process keeps resident of the library's code (cdylib/build.rs, cdylib/link/layout.ld): the
@@ -164,7 +167,10 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     // unwinding and the allocation-failure handler (never run: the allocator does not panic or
     // allocate through Rust's handler). Direct calls name their target; calls through the GOT
     // (`call *0x..(%rip)  # 7258c <_DYNAMIC+0x260>`) are resolved through the slot's relocation.
-    let slots: std::collections::HashMap<u64, u64> = tool("readelf", &["-rW"], &so)
+    // A slot relocated by `.rela.dyn` names its target as the addend; one of `.relr.dyn` (packed
+    // relative relocations, cdylib/build.rs) holds it in the file, at the slot.
+    let relocs = tool("readelf", &["-rW"], &so);
+    let mut slots: std::collections::HashMap<u64, u64> = relocs
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -172,6 +178,29 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
                 .then(|| Some((u64::from_str_radix(f[0], 16).ok()?, u64::from_str_radix(f[3], 16).ok()?)))?
         })
         .collect();
+    if let Some(relr) = relocs.split("Relocation section '.relr.dyn'").nth(1) {
+        let bytes = std::fs::read(&so).unwrap();
+        // "  LOAD  0x083000 0x0000000000093000 0x... 0x002ad8 ...": offset, address, file size.
+        let loads: Vec<(u64, u64, u64)> = tool("readelf", &["-lW"], &so)
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+                (f.first() == Some(&"LOAD")).then(|| Some((hex(f[1])?, hex(f[2])?, hex(f[4])?)))?
+            })
+            .collect();
+        let mut n = 0;
+        for l in relr.lines().skip(2).take_while(|l| !l.trim().is_empty()) {
+            let Ok(at) = u64::from_str_radix(l.trim(), 16) else { continue };
+            let Some(&(off, addr, _)) = loads.iter().find(|&&(_, a, size)| (a..a + size).contains(&at)) else {
+                continue;
+            };
+            let i = (at - addr + off) as usize;
+            slots.insert(at, u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap()));
+            n += 1;
+        }
+        assert!(n > 100, "only {n} packed relative relocations read");
+    }
     let syms: Vec<(u64, String)> = tool("nm", &["-n"], &so)
         .lines()
         .filter_map(|l| {
@@ -219,22 +248,46 @@ fn the_library_keeps_std_code_out_of_the_pages_a_process_runs() {
     let copy = uncached_copy(&so, &dir);
     // Without options: that one window (the pages of it that are in the page cache: normally all 16)
     // and nothing else.
-    let pages = code_pages(&exe, &copy, &[]);
+    let (pages, data) = code_pages(&exe, &copy, &[]);
     let beyond: Vec<String> = pages.iter().filter(|a| !hot.contains(a)).map(|a| format!("{a:#x}")).collect();
     assert!(
         beyond.is_empty(),
         "code pages outside the window {hot:#x?} of edgepool's section are resident: {beyond:?}"
     );
     eprintln!("{} code pages resident without options", pages.len());
+    // The read-only data read only when a panic unwinds (std's, the exception and unwind tables) lies
+    // after the text, in a segment of its own, and no page of it is resident; the first segment holds
+    // the loader's tables and edgepool's read-only data.
+    let (ro_cold, _) = section(&so, ".rodata.cold").expect("no .rodata.cold section: the layout was not applied");
+    let (frame, frame_size) = section(&so, ".eh_frame").expect(".eh_frame");
+    let (rodata, rodata_size) = section(&so, ".rodata").expect(".rodata");
+    assert!(ro_cold > cold_end && frame > ro_cold, "the unwinding data does not follow the text");
+    let unwinding = ro_cold / 4096 * 4096..frame + frame_size;
+    let first_segment = 0..rodata + rodata_size;
+    let read_cold = |data: &[u64]| -> Vec<String> {
+        data.iter().filter(|a| unwinding.contains(a)).map(|a| format!("{a:#x}")).collect()
+    };
+    assert!(read_cold(&data).is_empty(), "pages of the unwinding data are resident: {:?}", read_cold(&data));
+    eprintln!(
+        "{} pages of the first segment resident (0..{:#x}), {} pages of data in all",
+        data.iter().filter(|a| first_segment.contains(a)).count(),
+        first_segment.end,
+        data.len()
+    );
     // With options set, as CI sets EDGEPOOL_TEST_PYTHON: reading them runs code of the cold section.
     let cold = windows(cold_start, cold_end);
-    let pages =
+    let (pages, data) =
         code_pages(&exe, &copy, &[("EDGEPOOL_RETAIN", "8M"), ("EDGEPOOL_PURGE_DELAY", "0"), ("EDGEPOOL_TEST_X", "1")]);
     let beyond: Vec<String> =
         pages.iter().filter(|a| !hot.contains(a) && !cold.contains(a)).map(|a| format!("{a:#x}")).collect();
     assert!(
         beyond.is_empty(),
         "code pages outside edgepool's windows {hot:#x?} and {cold:#x?} are resident: {beyond:?}"
+    );
+    assert!(
+        read_cold(&data).is_empty(),
+        "with options, pages of the unwinding data are resident: {:?}",
+        read_cold(&data)
     );
     eprintln!(
         "{} code pages resident with options set; edgepool's section {start:#x}..{end:#x}, cold {cold_start:#x}..{cold_end:#x}, \
