@@ -1086,6 +1086,12 @@ pub fn spin_hint() {
     core::hint::spin_loop();
 }
 
+/// Gives the processor to another thread (`sched_yield`, which cannot fail on Linux).
+pub fn yield_now() {
+    // SAFETY: no arguments, no memory touched.
+    unsafe { libc::sched_yield() };
+}
+
 extern "C" {
     static mut environ: *const *const libc::c_char;
 }

@@ -24,6 +24,31 @@ use crate::size_class::{is_slot_start, slot_index, GEOMETRY, MAX_WORDS, SLAB_HEA
 
 /// `remote` bit: the slab is on (or being pushed onto) its owner's remote queue.
 pub const QUEUED: usize = 1;
+/// `remote` bit: the owner is taking remote words back (from setting it until its swaps of the
+/// words are done); no other thread starts purging the slab's pages meanwhile.
+pub const COLLECTING: usize = 1 << 62;
+/// `remote` bit: a thread other than the owner is purging pages of the slab on which every slot is a
+/// remote free not taken back yet (`cache::remote`, idle owners); the owner waits for it to clear
+/// before it takes remote words back, so that no slot on those pages is handed out while they are
+/// purged.
+pub const PURGING: usize = 1 << 63;
+/// The summary bits of `remote`: one per remote word ([`summary_bit`]).
+pub const SUMMARY: usize = !(QUEUED | COLLECTING | PURGING);
+const _: () = assert!(summary_bit(MAX_WORDS - 1) & !SUMMARY == 0);
+
+/// The bits of bitmap word `w` that stand for slots of a slab of `nslots` slots.
+#[inline]
+pub const fn valid_bits(nslots: u32, w: usize) -> u64 {
+    let lo = w * 64;
+    let n = nslots as usize;
+    if lo + 64 <= n {
+        u64::MAX
+    } else if lo < n {
+        (1u64 << (n - lo)) - 1
+    } else {
+        0
+    }
+}
 
 /// `remote` bit of remote-bitmap word `w`: the word may have bits the owner has not taken yet.
 #[inline(always)]
@@ -116,9 +141,13 @@ pub struct Slab {
 /// freed slot `64 w + i` and the owner has not taken it back into its bitmap yet; whoever turns a
 /// remote word from zero to non-zero then sets that word's [`summary_bit`] in `remote` (so every
 /// set remote bit is covered by a summary bit, or is about to be); `QUEUED` is set iff the slab is
-/// on, or being pushed onto, its owner's remote queue, and only the queue's consumer clears it; while
+/// on, or being pushed onto, its owner's remote queue (or held off it for a moment by the scan for
+/// idle caches, which puts it back), and only the queue's consumer clears it; while
 /// `remote` is not zero the slab is never given back to the heap (nor while a remote bit is set: such
-/// a slot is not free in the owner's count).
+/// a slot is not free in the owner's count). `COLLECTING` and `PURGING` exclude each other: only the
+/// owner sets `COLLECTING`, only a thread that holds the slab off its owner's queue with `QUEUED` set
+/// sets `PURGING` (so the slab stays alive while it is set), and remote words are swapped back only
+/// under `COLLECTING`.
 #[repr(C, align(64))]
 pub struct Shared {
     pub remote: AtomicUsize,
@@ -185,16 +214,8 @@ impl Slab {
             });
             let bits = Slab::bits(this);
             let remote = Slab::remote_bits(this);
-            let full = (g.nslots / 64) as usize;
             for w in 0..g.nwords as usize {
-                let v = if w < full {
-                    u64::MAX
-                } else if w == full && g.nslots % 64 != 0 {
-                    (1u64 << (g.nslots % 64)) - 1
-                } else {
-                    0
-                };
-                bits.add(w).write(v);
+                bits.add(w).write(valid_bits(g.nslots, w));
                 (*remote.add(w)).store(0, Ordering::Relaxed);
             }
         }
@@ -298,13 +319,7 @@ impl Slab {
         for w in 0..s.nwords {
             // SAFETY: w < nwords.
             let word = unsafe { *Slab::bits(this).add(w as usize) };
-            let valid = if (w + 1) * 64 <= s.nslots {
-                u64::MAX
-            } else if w * 64 < s.nslots {
-                (1u64 << (s.nslots - w * 64)) - 1
-            } else {
-                0
-            };
+            let valid = valid_bits(s.nslots, w as usize);
             if word & !valid != 0 {
                 return Err("bitmap bit set beyond the last slot");
             }

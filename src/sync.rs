@@ -23,6 +23,13 @@
 //!
 //! A function that needs the heap's figures while it works on a direct mapping therefore takes
 //! [`HEAP`] first (or drops [`DIRECT`] before it asks).
+//!
+//! Two exclusions that are not locks: a slab's `COLLECTING` and `PURGING` bits (`slab::Shared`).
+//! The thread that scans for idle caches (`cache::remote`, one at a time) holds `PURGING` on one slab
+//! at a time and takes no lock meanwhile; an owner that finds it set waits for it (spinning, then
+//! yielding), holding whatever locks its caller holds, which the scan never needs. So neither can
+//! deadlock against the locks above. [`fork_prepare`] first waits for a scan in flight and stops new
+//! ones ([`scan_begin`]), so no child inherits a `PURGING` bit or a cache's taken queue.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -141,18 +148,43 @@ fn out_of_order(held: u32, rank: u32) -> Option<u32> {
     (later != 0).then(|| 31 - later.leading_zeros())
 }
 
-/// The `pthread_atfork` prepare handler: takes every lock, in the order.
+/// The scan for idle caches (`cache::remote::maybe_scan`): bit 0 while one runs (at most one at a
+/// time), [`SCAN_FORKING`] while a `fork` is prepared. Not a lock: a thread that finds it taken skips
+/// its scan.
+static SCAN: AtomicU32 = AtomicU32::new(0);
+/// [`SCAN`] bit: a `fork` is being prepared; no scan starts.
+const SCAN_FORKING: u32 = 1 << 31;
+
+/// Starts the scan for idle caches if no other runs and no `fork` is being prepared. `true`: the
+/// caller runs it and calls [`scan_end`] when done.
+pub fn scan_begin() -> bool {
+    SCAN.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+}
+
+/// Ends the scan that [`scan_begin`] started.
+pub fn scan_end() {
+    SCAN.fetch_and(!1, Ordering::Release);
+}
+
+/// The `pthread_atfork` prepare handler: waits for the scan for idle caches in flight and stops new
+/// ones (a scan holds a slab's `PURGING` bit and a cache's remote queue, which no thread would give
+/// back in the child; its thread holds no lock, so it ends), then takes every lock, in the order.
 pub extern "C" fn fork_prepare() {
+    SCAN.fetch_or(SCAN_FORKING, Ordering::Acquire);
+    while SCAN.load(Ordering::Acquire) & !SCAN_FORKING != 0 {
+        os::yield_now();
+    }
     for l in ORDER {
         l.lock();
     }
 }
 
-/// The parent's handler: releases every lock, in reverse order.
+/// The parent's handler: releases every lock, in reverse order, and lets scans start again.
 pub extern "C" fn fork_parent() {
     for l in ORDER.iter().rev() {
         l.unlock();
     }
+    SCAN.fetch_and(!SCAN_FORKING, Ordering::Release);
 }
 
 /// The child's handler: only the forking thread exists, and it holds every lock; reset them all.
@@ -164,6 +196,7 @@ pub extern "C" fn fork_child() {
     for l in ORDER.iter().rev() {
         l.reset();
     }
+    SCAN.store(0, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -46,6 +46,15 @@ fn double_free_first_remote_then_by_the_owner_aborts() {
     expect_abort("remote_then_owner", "free(): double free detected");
 }
 
+/// The freed mark is lost when the page is purged (here: the owner sat idle while another thread
+/// freed its whole slab, and that thread's scan purged the pages), so the owner's second free goes
+/// onto its stack unsuspected; the slot's remote bit still says it was freed, and taking it back
+/// while the slot is on the stack aborts.
+#[test]
+fn double_free_first_remote_then_by_the_owner_after_a_purge_aborts() {
+    expect_abort("remote_purged_then_owner", "free(): double free detected");
+}
+
 #[test]
 fn double_free_first_by_the_owner_then_remote_aborts() {
     expect_abort("owner_then_remote", "free(): double free detected");
@@ -112,6 +121,44 @@ fn child() {
                 let p = edgepool::raw::alloc(100, 16) as usize;
                 std::thread::spawn(move || edgepool::raw::free(p as *mut u8)).join().unwrap();
                 edgepool::raw::free(p as *mut u8);
+            }
+            "remote_purged_then_owner" => {
+                // A whole slab of the 1024-byte class (64 slots), all freed by another thread.
+                let blocks: Vec<usize> = (0..64).map(|_| edgepool::raw::alloc(1000, 16) as usize).collect();
+                let x = blocks[0];
+                for &p in &blocks {
+                    // SAFETY: fresh blocks of 1000 bytes.
+                    unsafe { (p as *mut u8).write_bytes(1, 1000) };
+                }
+                std::thread::spawn(move || {
+                    for &p in &blocks {
+                        edgepool::raw::free(p as *mut u8);
+                    }
+                    // Allocates (its slow path scans for idle caches) until the slab's first page
+                    // leaves the resident set.
+                    let start = std::time::Instant::now();
+                    loop {
+                        let v: Vec<usize> = (0..2000).map(|_| edgepool::raw::alloc(64, 16) as usize).collect();
+                        for p in v {
+                            edgepool::raw::free(p as *mut u8);
+                        }
+                        let mut r = 0u8;
+                        // SAFETY: one page of the heap's mapping.
+                        unsafe { libc::mincore((x & !4095) as *mut libc::c_void, 4096, &mut r) };
+                        if r & 1 == 0 {
+                            break;
+                        }
+                        assert!(start.elapsed().as_secs() < 5, "the page was not purged");
+                    }
+                })
+                .join()
+                .unwrap();
+                // The second free: no mark on the purged page, so onto the stack.
+                edgepool::raw::free(x as *mut u8);
+                // Slow paths of other classes take the remote frees back.
+                for _ in 0..100_000 {
+                    edgepool::raw::alloc(48, 16);
+                }
             }
             "owner_then_remote" => {
                 let p = edgepool::raw::alloc(100, 16) as usize;

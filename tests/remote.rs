@@ -130,3 +130,97 @@ fn a_write_after_a_remote_free_cannot_hand_out_a_live_slot() {
     .unwrap();
     edgepool::check_heap().unwrap();
 }
+
+/// The pages of an idle owner's slabs that other threads freed leave the resident set: a thread
+/// allocates 256 blocks of 1000 bytes (four slabs of the 1024-byte class), hands them to another and
+/// waits, allocating nothing, as `larson`'s lane threads wait in `pthread_join`; the other frees them
+/// all and goes on allocating (its slow path runs the scan for idle caches). The owner's slabs stay
+/// its own: when it wakes, its new blocks take the same slots again (on pages faulted back in,
+/// zeroed), and they hold their data. (An owner that takes the frees back before it waits holds
+/// them as free slots of its own slabs, which no other thread touches: they stay resident.)
+#[test]
+fn an_idle_owners_slabs_that_another_thread_freed_leave_the_resident_set() {
+    const N: usize = 256;
+    let resident = |blocks: &[usize]| -> usize {
+        let mut pages: Vec<usize> = blocks.iter().map(|&p| p & !4095).collect();
+        pages.dedup();
+        pages
+            .iter()
+            .filter(|&&page| {
+                let mut v = 0u8;
+                // SAFETY: one page of the heap's mapping; `v` receives one byte.
+                unsafe { libc::mincore(page as *mut libc::c_void, 4096, &mut v) == 0 && v & 1 != 0 }
+            })
+            .count()
+    };
+    let (to_freer, blocks) = mpsc::channel::<Vec<usize>>();
+    let woken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wake = woken.clone();
+    let owner = std::thread::spawn(move || {
+        let first: Vec<usize> = (0..N)
+            .map(|i| {
+                let p = edgepool::raw::alloc(1000, 16);
+                assert!(!p.is_null());
+                // SAFETY: a fresh block of 1000 bytes.
+                unsafe { p.write_bytes(i as u8, 1000) };
+                p as usize
+            })
+            .collect();
+        to_freer.send(first.clone()).unwrap();
+        // Waits without allocating (a channel's receive may allocate as it blocks, and an allocation
+        // would take the frees back).
+        while !woken.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let second: Vec<usize> = (0..N)
+            .map(|i| {
+                let p = edgepool::raw::alloc(1000, 16);
+                // SAFETY: a fresh block of 1000 bytes.
+                unsafe { p.write_bytes(!(i as u8), 1000) };
+                p as usize
+            })
+            .collect();
+        let old: std::collections::HashSet<usize> = first.iter().copied().collect();
+        let reused = second.iter().filter(|p| old.contains(p)).count();
+        for (i, &p) in second.iter().enumerate() {
+            // SAFETY: live blocks of this thread, 1000 bytes each.
+            let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, 1000) };
+            assert!(bytes.iter().all(|&b| b == !(i as u8)), "block {i} lost its data");
+            // SAFETY: a live block of this thread.
+            unsafe { edgepool::raw::free(p as *mut u8) };
+        }
+        reused
+    });
+    let first = blocks.recv().unwrap();
+    let before = resident(&first);
+    let purged_before = edgepool::stats().counters.purged_bytes;
+    for &p in &first {
+        // SAFETY: live blocks handed over by the owner.
+        unsafe { edgepool::raw::free(p as *mut u8) };
+    }
+    let start = std::time::Instant::now();
+    let mut after = before;
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        let v: Vec<usize> = (0..2000).map(|_| edgepool::raw::alloc(64, 16) as usize).collect();
+        for p in v {
+            // SAFETY: live blocks of this thread.
+            unsafe { edgepool::raw::free(p as *mut u8) };
+        }
+        after = resident(&first);
+        if after * 4 <= before {
+            break;
+        }
+    }
+    let purged = edgepool::stats().counters.purged_bytes - purged_before;
+    wake.store(true, std::sync::atomic::Ordering::Release);
+    let reused = owner.join().unwrap();
+    assert!(before >= N * 1000 / 4096, "only {before} pages of the blocks were resident");
+    assert!(
+        after * 4 <= before,
+        "{after} of the {before} pages stayed resident after {:?} (purged {purged} bytes)",
+        start.elapsed()
+    );
+    assert!(purged >= (before - after) * 4096 / 2, "purged {purged} bytes for {} pages", before - after);
+    assert!(reused >= N / 2, "only {reused} of {N} new blocks took the owner's slots again");
+    edgepool::check_heap().unwrap();
+}

@@ -304,6 +304,9 @@ pub struct Cache {
     /// The cache layer's event counts of this cache's thread (owner writes, with [`bump`]; any
     /// thread reads), summed over every cache into the statistics ([`counts`]).
     counts: Counts,
+    /// The scan for idle caches' state of this cache ([`remote::maybe_scan`], one at a time, the only
+    /// reader and writer).
+    idle: remote::Idle,
     /// Recently freed medium runs (owner only; see [`runs`]). Last, so that the end of its table of
     /// runs has a page of its own that only a thread which caches runs touches (see
     /// [`Cache::init_at`]).
@@ -343,6 +346,7 @@ impl Cache {
             sweep_at: settle::SWEEP_MIN,
             remote_freed: [const { AtomicU64::new(0) }; NCLASSES],
             counts: Counts::new(),
+            idle: remote::Idle::new(),
             runs: runs::Runs::new(),
         }
     }
@@ -374,6 +378,7 @@ impl Cache {
                 sweep_at: _,
                 remote_freed: _,
                 counts: _,
+                idle: _,
                 runs: _,
             } = c;
         }
@@ -394,6 +399,7 @@ impl Cache {
             (&raw mut (*c).sweep_at).write(settle::SWEEP_MIN);
             (&raw mut (*c).remote_freed).write([const { AtomicU64::new(0) }; NCLASSES]);
             (&raw mut (*c).counts).write(Counts::new());
+            (&raw mut (*c).idle).write(remote::Idle::new());
             runs::Runs::init_at(&raw mut (*c).runs);
         }
     }
@@ -583,6 +589,11 @@ unsafe fn checkout(row: *mut ClassState) -> bool {
     }
 }
 
+/// A thread looks for idle caches whose pages other threads' frees hold ([`remote::maybe_scan`]) at
+/// every this many entries into its allocation slow path (the scan itself reads the clock and runs
+/// at most every [`remote::IDLE_NS`]` / 2`).
+const SCAN_EVERY: u64 = 64;
+
 /// The allocation slow path: find a slot of `class` for `cache`.
 ///
 /// # Safety
@@ -591,6 +602,9 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
     // SAFETY: owner; `base + class < ROWS`.
     unsafe {
         bump(&(*cache).counts.refills);
+        if (*cache).counts.refills.load(Ordering::Relaxed) % SCAN_EVERY == 0 {
+            remote::maybe_scan(cache);
+        }
         settle::settle_pending(cache);
         // Read once: a process-wide phase may switch the row set from another thread meanwhile, and
         // the decision (arena or rows) and the row must come from the same reading.
@@ -954,7 +968,17 @@ unsafe fn release_bits(row: *mut ClassState, slab: *mut Slab, w: u32, bits: u64)
             }
             Slab::bits(slab).add(w as usize)
         };
-        let twice = *word & bits;
+        let mut twice = *word & bits;
+        // A slot on the row's stack that comes back from another thread too: freed by the owner and by
+        // that thread. The owner's free looks for its freed mark first, but a slot on a page purged
+        // since it was freed (a phase's sweep, an idle owner's purge) has lost it.
+        let (lo, size) = ((*slab).data as usize + w as usize * 64 * (*slab).size as usize, (*slab).size as usize);
+        for k in 0..(*row).top as usize {
+            let off = (*(&raw const (*row).stack).cast::<*mut u8>().add(k) as usize).wrapping_sub(lo);
+            if off < 64 * size {
+                twice |= bits & (1u64 << (off / size));
+            }
+        }
         if twice != 0 {
             let p = (*slab).data.add((w as usize * 64 + twice.trailing_zeros() as usize) * (*slab).size as usize);
             os::invalid_pointer(p, "free(): double free detected");

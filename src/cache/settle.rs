@@ -177,19 +177,27 @@ unsafe fn sweep_load_rows(cache: *mut Cache) -> (usize, usize) {
 ///   set bit is a free slot. (Slots in its remote bitmap, not taken back yet, have their bits clear: they
 ///   only keep their pages.)
 unsafe fn purge_free_pages(s: *mut Slab) -> usize {
+    // SAFETY: header fields and bitmap of a live slab owned by the caller; i < nslots <= 64 * nwords.
+    unsafe {
+        let bits = Slab::bits(s);
+        purge_pages_where(s, |i| *bits.add(i >> 6) & (1u64 << (i & 63)) != 0)
+    }
+}
+
+/// Purges the resident pages of slab `s` on which every slot `i` has `dead(i)` (holds no data that
+/// anyone reads again before writing it), in runs of whole pages, and counts them in the statistics.
+/// Returns the bytes purged.
+///
+/// # Safety
+/// - `s` is a live slab whose slots with `dead(i)` stay dead until this returns.
+pub(super) unsafe fn purge_pages_where(s: *mut Slab, dead: impl Fn(usize) -> bool) -> usize {
     const PAGES: usize = SLAB_SIZE / os::PAGE;
     let mut resident = [0u8; PAGES];
-    // SAFETY: `data` is fixed for the slab's life.
-    let base = unsafe { (*s).data };
+    // SAFETY: `data`, `size` and `nslots` are fixed for the slab's life.
+    let (base, size, nslots) = unsafe { ((*s).data, (*s).size as usize, (*s).nslots as usize) };
     if !os::resident_pages(base, SLAB_SIZE, &mut resident) {
         return 0;
     }
-    // SAFETY: header fields and bitmap of a live slab owned by the caller.
-    let (size, nslots, bits) = unsafe { ((*s).size as usize, (*s).nslots as usize, Slab::bits(s)) };
-    let free = |i: usize| {
-        // SAFETY: i < nslots <= 64 * nwords.
-        unsafe { *bits.add(i >> 6) & (1u64 << (i & 63)) != 0 }
-    };
     let mut purged = 0;
     let mut run_start = usize::MAX;
     // The loop runs one past the last page to flush the final run of purgeable pages.
@@ -200,7 +208,7 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
             let pe = ps + os::PAGE;
             let lo = ps / size;
             let hi = nslots.min(pe.div_ceil(size));
-            lo < hi && (lo..hi).all(free) && resident[page] & 1 != 0
+            lo < hi && resident[page] & 1 != 0 && (lo..hi).all(&dead)
         };
         if purge_this {
             if run_start == usize::MAX {
@@ -208,7 +216,7 @@ unsafe fn purge_free_pages(s: *mut Slab) -> usize {
             }
         } else if run_start != usize::MAX {
             let len = (page - run_start) * os::PAGE;
-            // SAFETY: whole pages of this slab whose slots are all free (dead memory).
+            // SAFETY: whole pages of this slab whose slots are all dead (contract).
             if unsafe { os::purge(base.add(run_start * os::PAGE), len) } {
                 purged += len;
             }
