@@ -224,3 +224,101 @@ fn an_idle_owners_slabs_that_another_thread_freed_leave_the_resident_set() {
     assert!(reused >= N / 2, "only {reused} of {N} new blocks took the owner's slots again");
     edgepool::check_heap().unwrap();
 }
+
+/// Owners that pause while other threads free what they handed over, again and again, and keep
+/// every fourth block for themselves: the scans purge the pages of their slabs on which every slot
+/// was freed by another thread, while the owners wake, take their remote frees back and allocate on
+/// those pages again. No block ever loses a byte (a page with a live block on it is never purged, and
+/// no slot is handed out while its page is purged), and the purges happen.
+#[test]
+fn pausing_owners_and_busy_freers_exchange_blocks_without_losing_data() {
+    use std::sync::{Arc, Mutex};
+    let rounds = 60 * scale();
+    let queue: Arc<Mutex<Vec<(usize, usize, u8)>>> = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let purged_before = edgepool::stats().counters.purged_bytes;
+    let fill = |p: usize, n: usize, v: u8| {
+        // SAFETY: a live block of `n` bytes.
+        unsafe { (p as *mut u8).write_bytes(v, n) }
+    };
+    let intact = |p: usize, n: usize, v: u8| {
+        // SAFETY: a live block of `n` bytes.
+        unsafe { std::slice::from_raw_parts(p as *const u8, n) }.iter().all(|&b| b == v)
+    };
+    let owners: Vec<_> = (0..2)
+        .map(|t| {
+            let (queue, done) = (queue.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mut kept: Vec<(usize, usize, u8)> = Vec::new();
+                for _ in 0..rounds {
+                    let mut batch = Vec::new();
+                    for i in 0..400 {
+                        let n = 16 + (next() % 2000) as usize;
+                        let p = edgepool::raw::alloc(n, 16) as usize;
+                        assert_ne!(p, 0);
+                        let v = (next() % 255 + 1) as u8;
+                        fill(p, n, v);
+                        if i % 4 == 0 {
+                            kept.push((p, n, v));
+                        } else {
+                            batch.push((p, n, v));
+                        }
+                    }
+                    queue.lock().unwrap().extend(batch);
+                    // Idle long enough, now and then, for the scans to purge.
+                    std::thread::sleep(std::time::Duration::from_millis(next() % 12));
+                    for &(p, n, v) in &kept {
+                        assert!(intact(p, n, v), "a kept block lost its data");
+                    }
+                    while kept.len() > 300 {
+                        let (p, n, v) = kept.swap_remove((next() % kept.len() as u64) as usize);
+                        assert!(intact(p, n, v));
+                        // SAFETY: a live block of this thread.
+                        unsafe { edgepool::raw::free(p as *mut u8) };
+                    }
+                }
+                for (p, n, v) in kept {
+                    assert!(intact(p, n, v));
+                    // SAFETY: a live block of this thread.
+                    unsafe { edgepool::raw::free(p as *mut u8) };
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::Release);
+            })
+        })
+        .collect();
+    let freers: Vec<_> = (0..2)
+        .map(|_| {
+            let (queue, done) = (queue.clone(), done.clone());
+            std::thread::spawn(move || loop {
+                let taken = std::mem::take(&mut *queue.lock().unwrap());
+                for &(p, n, v) in &taken {
+                    assert!(intact(p, n, v), "a handed-over block lost its data");
+                    // SAFETY: a live block handed over by its owner.
+                    unsafe { edgepool::raw::free(p as *mut u8) };
+                }
+                // Slow paths of this thread, which run the scans.
+                let junk: Vec<usize> = (0..500).map(|i| edgepool::raw::alloc(24 + i % 200, 16) as usize).collect();
+                for p in junk {
+                    // SAFETY: live blocks of this thread.
+                    unsafe { edgepool::raw::free(p as *mut u8) };
+                }
+                if taken.is_empty() && done.load(std::sync::atomic::Ordering::Acquire) == 2 {
+                    break;
+                }
+            })
+        })
+        .collect();
+    for t in owners.into_iter().chain(freers) {
+        t.join().unwrap();
+    }
+    let purged = edgepool::stats().counters.purged_bytes - purged_before;
+    assert!(purged > 0, "no page of a pausing owner was purged");
+    edgepool::check_heap().unwrap();
+}
