@@ -127,8 +127,8 @@ fn child() {
                 let blocks: Vec<usize> = (0..64).map(|_| edgepool::raw::alloc(1000, 16) as usize).collect();
                 let x = blocks[0];
                 for &p in &blocks {
-                    // SAFETY: fresh blocks of 1000 bytes.
-                    unsafe { (p as *mut u8).write_bytes(1, 1000) };
+                    // Fresh blocks of 1000 bytes.
+                    (p as *mut u8).write_bytes(1, 1000);
                 }
                 std::thread::spawn(move || {
                     for &p in &blocks {
@@ -143,8 +143,8 @@ fn child() {
                             edgepool::raw::free(p as *mut u8);
                         }
                         let mut r = 0u8;
-                        // SAFETY: one page of the heap's mapping.
-                        unsafe { libc::mincore((x & !4095) as *mut libc::c_void, 4096, &mut r) };
+                        // One page of the heap's mapping.
+                        libc::mincore((x & !4095) as *mut libc::c_void, 4096, &mut r);
                         if r & 1 == 0 {
                             break;
                         }
