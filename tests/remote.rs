@@ -249,21 +249,15 @@ fn pausing_owners_and_busy_freers_exchange_blocks_without_losing_data() {
         .map(|t| {
             let (queue, done) = (queue.clone(), done.clone());
             std::thread::spawn(move || {
-                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ t;
-                let mut next = move || {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed
-                };
+                let mut rng = common::Rng::new(t + 1);
                 let mut kept: Vec<(usize, usize, u8)> = Vec::new();
                 for _ in 0..rounds {
                     let mut batch = Vec::new();
                     for i in 0..400 {
-                        let n = 16 + (next() % 2000) as usize;
+                        let n = 16 + rng.below(2000) as usize;
                         let p = edgepool::raw::alloc(n, 16) as usize;
                         assert_ne!(p, 0);
-                        let v = (next() % 255 + 1) as u8;
+                        let v = (rng.below(255) + 1) as u8;
                         fill(p, n, v);
                         if i % 4 == 0 {
                             kept.push((p, n, v));
@@ -273,12 +267,12 @@ fn pausing_owners_and_busy_freers_exchange_blocks_without_losing_data() {
                     }
                     queue.lock().unwrap().extend(batch);
                     // Idle long enough, now and then, for the scans to purge.
-                    std::thread::sleep(std::time::Duration::from_millis(next() % 12));
+                    std::thread::sleep(std::time::Duration::from_millis(rng.below(12)));
                     for &(p, n, v) in &kept {
                         assert!(intact(p, n, v), "a kept block lost its data");
                     }
                     while kept.len() > 300 {
-                        let (p, n, v) = kept.swap_remove((next() % kept.len() as u64) as usize);
+                        let (p, n, v) = kept.swap_remove(rng.below(kept.len() as u64) as usize);
                         assert!(intact(p, n, v));
                         // SAFETY: a live block of this thread.
                         unsafe { edgepool::raw::free(p as *mut u8) };

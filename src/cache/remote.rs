@@ -56,15 +56,7 @@ pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
             os::invalid_pointer(p, "free(): double free detected (the block was already freed)");
         };
         if queue {
-            let q = &(*cache_of((*slab).owner)).remote;
-            let mut head = q.load(Ordering::Relaxed);
-            loop {
-                (*slab).shared.remote_next.store(head, Ordering::Relaxed);
-                match q.compare_exchange_weak(head, slab, Ordering::Release, Ordering::Relaxed) {
-                    Ok(_) => break,
-                    Err(h) => head = h,
-                }
-            }
+            push_queue(cache_of((*slab).owner), slab, slab);
         }
         // The slab is not touched after this: once queued, its owner may give it back.
         count_remote_free(class, queue);
@@ -73,6 +65,26 @@ pub(super) unsafe extern "C" fn free(p: *mut u8, slab: *mut Slab) {
 
 /// Slots freed by threads without a cache of their own (exiting threads), per class.
 pub(super) static ORPHAN_FREES: [AtomicU64; NCLASSES] = [const { AtomicU64::new(0) }; NCLASSES];
+
+/// Pushes the chain of slabs `first..=last` (linked by `shared.remote_next`) onto `cache`'s remote
+/// queue.
+///
+/// # Safety
+/// - `cache` is a live cache; the slabs are its own, alive, with `QUEUED` set, and on no queue.
+unsafe fn push_queue(cache: *mut Cache, first: *mut Slab, last: *mut Slab) {
+    // SAFETY: caches are never freed and their queue head is atomic; the slabs are alive (contract).
+    unsafe {
+        let q = &(*cache).remote;
+        let mut head = q.load(Ordering::Relaxed);
+        loop {
+            (*last).shared.remote_next.store(head, Ordering::Relaxed);
+            match q.compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+    }
+}
 
 /// Counts a free of a `class` slot by a thread that does not own its slab, and the slab's queueing
 /// for its owner if `queued`: in the calling thread's cache (no shared write). A thread that frees
@@ -308,15 +320,7 @@ unsafe fn scan_cache(c: *mut Cache, now: u64) {
             s = shared.remote_next.load(Ordering::Relaxed);
         }
         // Back onto the queue, in front of what other threads queued meanwhile.
-        let q = &(*c).remote;
-        let mut now_head = q.load(Ordering::Relaxed);
-        loop {
-            (*tail).shared.remote_next.store(now_head, Ordering::Relaxed);
-            match q.compare_exchange_weak(now_head, head, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(h) => now_head = h,
-            }
-        }
+        push_queue(c, head, tail);
     }
 }
 
