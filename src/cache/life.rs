@@ -124,7 +124,7 @@ fn acquire_raw() -> *mut Cache {
     }
     let size = core::mem::size_of::<Cache>();
     let order = heap::order_for(size, 64);
-    let Some((block, _)) = heap::alloc_block(order, PageKind::Meta, false) else {
+    let Some((block, dirty)) = heap::alloc_block(order, PageKind::Meta, false) else {
         return core::ptr::null_mut();
     };
     let c = block as *mut Cache;
@@ -132,7 +132,7 @@ fn acquire_raw() -> *mut Cache {
     // onto the list of all caches once initialised (release).
     unsafe {
         // `row` only computes an address inside the block: nothing is read before the write.
-        Cache::init_at(c, row(c, phase_state::process_row_base()));
+        Cache::init_at(c, row(c, phase_state::process_row_base()), !dirty);
         let mut head = ALL.load(Ordering::Relaxed);
         loop {
             (*c).all_next = head;

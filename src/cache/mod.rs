@@ -88,10 +88,12 @@ pub const STACK: usize = 14;
 ///
 /// Invariants:
 /// - `current` is a live slab in state `Current` owned by this cache, or null ([`empty_slab`]);
-/// - when `widx != NO_WORD`, bitmap word `widx` of `current` is *checked out*: it reads 0 in the slab
-///   and its free bits live in `word`; `base` is the address of the slot of bit 0 of that word and
-///   `size` the slot size, so bit `i` of `word` set means slot `base + i * size` is free;
-///   when `widx == NO_WORD`, `word == 0`;
+/// - when `current` is not null and `widx != NO_WORD`, bitmap word `widx` of `current` is *checked
+///   out*: it reads 0 in the slab and its free bits live in `word`; `base` is the address of the slot
+///   of bit 0 of that word and `size` the slot size, so bit `i` of `word` set means slot
+///   `base + i * size` is free; otherwise no word is checked out and `word == 0` (`widx` means
+///   nothing while `current` is null, so that a row of zero bytes is an empty row: a fresh cache
+///   leaves the rows it does not use unwritten, see [`Cache::init_at`]);
 /// - `partial` heads a doubly linked (`next`/`prev`) list of this cache's slabs in state `Partial` for
 ///   this row, and `full` likewise of its slabs in state `Full`, so that every slab of a row is
 ///   reachable (`current`, `partial`, `full`);
@@ -154,11 +156,11 @@ pub fn class_of_row(off: usize) -> usize {
 
 const _: () = assert!(core::mem::offset_of!(ClassState, frees) < 64);
 
-/// A row with no slab (each use is a fresh value: the atomics in it are never shared).
+/// A row with no slab, all zero bytes (each use is a fresh value: the atomics in it are never shared).
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_ROW: ClassState = ClassState {
     top: 0,
-    widx: NO_WORD,
+    widx: 0,
     word: 0,
     base: core::ptr::null_mut(),
     size: 0,
@@ -355,11 +357,15 @@ impl Cache {
     /// Cache::new(..))`), the 16 KiB cache was a temporary in `life::acquire_raw`'s 11.6 KiB stack
     /// frame, three pages of every new thread's stack touched for it; and the run table's entries
     /// need no writing (only the first `n[k]` of each bin are ever read), so its last page stays
-    /// untouched in a thread that never caches a run.
+    /// untouched in a thread that never caches a run. When the block is `zeroed` (fresh pages), the
+    /// rows are not written either (an empty row is zero bytes): the page that holds only load and
+    /// arena rows stays untouched in a thread that never allocates inside a load phase (4 KiB of
+    /// every thread).
     ///
     /// # Safety
-    /// - `c` is a writable, 64-aligned block of `size_of::<Cache>()` bytes that nothing else uses.
-    unsafe fn init_at(c: *mut Cache, rows_now: *mut ClassState) {
+    /// - `c` is a writable, 64-aligned block of `size_of::<Cache>()` bytes that nothing else uses,
+    ///   which reads as zero bytes if `zeroed`.
+    unsafe fn init_at(c: *mut Cache, rows_now: *mut ClassState, zeroed: bool) {
         // Every field is written below: a field added to `Cache` must be added here (this pattern
         // stops compiling until it is).
         #[allow(dead_code)]
@@ -384,8 +390,10 @@ impl Cache {
         }
         // SAFETY: field projections of a block we may write (contract), no reference formed.
         unsafe {
-            for i in 0..ROWS {
-                row(c, i).write(EMPTY_ROW);
+            if !zeroed {
+                for i in 0..ROWS {
+                    row(c, i).write(EMPTY_ROW);
+                }
             }
             (&raw mut (*c).rows_now).write(AtomicPtr::new(rows_now));
             (&raw mut (*c).depth).write(AtomicUsize::new(0));
@@ -544,11 +552,10 @@ pub fn alloc_slow(class: usize) -> *mut u8 {
 unsafe fn checkin(row: *mut ClassState) {
     // SAFETY: owner; while a word is checked out, `current` is a live slab and widx < its nwords.
     unsafe {
-        let w = (*row).widx;
-        if w == NO_WORD {
+        let (w, s) = ((*row).widx, (*row).current);
+        if w == NO_WORD || s.is_null() {
             return;
         }
-        let s = (*row).current;
         *Slab::bits(s).add(w as usize) = (*row).word;
         (*s).free_count += (*row).word.count_ones();
         if w < (*s).hint {
@@ -652,6 +659,7 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
                 list_remove(row, next);
                 (*next).state = SlabState::Current;
                 (*row).current = next;
+                (*row).widx = NO_WORD;
                 continue;
             }
             let fresh = new_slab(cache, class, ri);
@@ -659,6 +667,7 @@ unsafe fn refill_and_take(cache: *mut Cache, class: usize) -> *mut u8 {
                 return core::ptr::null_mut();
             }
             (*row).current = fresh;
+            (*row).widx = NO_WORD;
         }
     }
 }
@@ -1227,7 +1236,7 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
         for ri in 0..ROWS {
             let r = row(cache, ri);
             let cur = (*r).current;
-            if (*r).widx == NO_WORD && (*r).word != 0 {
+            if (cur == empty_slab() || (*r).widx == NO_WORD) && (*r).word != 0 {
                 return Err("a row without a checked-out word has free bits");
             }
             if cur != empty_slab() {
@@ -1240,8 +1249,6 @@ unsafe fn check(cache: *mut Cache) -> Result<(), &'static str> {
                     }
                 }
                 Slab::check(cur, out)?;
-            } else if (*r).widx != NO_WORD {
-                return Err("a word is checked out of the empty slab");
             }
             for state in [SlabState::Partial, SlabState::Full] {
                 let mut prev: *mut Slab = core::ptr::null_mut();
@@ -1334,10 +1341,40 @@ mod tests {
             );
             assert_ne!(m, libc::MAP_FAILED);
             let c = m as *mut Cache;
-            Cache::init_at(c, row(c, 0));
+            Cache::init_at(c, row(c, 0), false);
             let mut res = [0u8; 4];
             assert!(os::resident_pages(m as *mut u8, 4 * PAGE, &mut res));
             assert_eq!(res.map(|b| b & 1), [1, 1, 1, 0], "pages of a new cache made resident");
+            assert_eq!(check(c), Ok(()));
+            libc::munmap(m, 4 * PAGE);
+        }
+    }
+
+    /// In a block known to be zero, a new cache writes only the page of its fields: its rows, empty
+    /// as zero bytes, are left for the thread's allocations to touch (the process rows' page), and
+    /// the page of load and arena rows stays untouched.
+    #[test]
+    fn a_new_cache_in_zeroed_memory_writes_only_the_page_of_its_fields() {
+        const PAGE: usize = 4096;
+        // SAFETY: a fresh private anonymous mapping of four pages (zero bytes), ours alone, unmapped
+        // at the end; the cache written there is only checked.
+        unsafe {
+            let m = libc::mmap(
+                core::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            let c = m as *mut Cache;
+            Cache::init_at(c, row(c, 0), true);
+            let mut res = [0u8; 4];
+            assert!(os::resident_pages(m as *mut u8, 4 * PAGE, &mut res));
+            assert_eq!(res.map(|b| b & 1), [0, 0, 1, 0], "pages of a new cache in zeroed memory made resident");
+            // The rows read as empty ones: the invariants hold.
+            assert_eq!(check(c), Ok(()));
             libc::munmap(m, 4 * PAGE);
         }
     }

@@ -51,8 +51,10 @@ unsafe fn end_load_rows(cache: *mut Cache) -> LoadEnd {
             r.allocations += count - (*cache).load_mark[class];
             (*cache).load_mark[class] = count;
             let cur = (*lrow).current;
-            (*lrow).current = empty_slab();
+            // Written only if it was set: a row that was never used is left unwritten (its page may
+            // never have been touched, see `Cache::init_at`).
             if cur != empty_slab() {
+                (*lrow).current = empty_slab();
                 end_slab(cache, cur, rrow, class, &mut r);
             }
             for state in [SlabState::Partial, SlabState::Full] {
