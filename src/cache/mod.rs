@@ -1323,39 +1323,12 @@ mod tests {
     use super::*;
     use crate::size_class::{class_of, GEOMETRY};
 
-    #[test]
-    fn a_new_cache_leaves_the_last_page_of_its_block_untouched() {
+    /// Lays a new cache out in a fresh mapping of four pages (zero bytes), as in a block the heap says
+    /// is `zeroed` or not, checks its invariants, and returns which pages that made resident.
+    fn pages_of_a_new_cache(zeroed: bool) -> [u8; 4] {
         const PAGE: usize = 4096;
         let size = core::mem::size_of::<Cache>();
-        assert!(size > 3 * PAGE && size <= 4 * PAGE, "the cache is {size} bytes: revisit this test");
-        // SAFETY: a fresh private anonymous mapping of four pages, ours alone, unmapped at the end;
-        // the cache written there is never used.
-        unsafe {
-            let m = libc::mmap(
-                core::ptr::null_mut(),
-                4 * PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(m, libc::MAP_FAILED);
-            let c = m as *mut Cache;
-            Cache::init_at(c, row(c, 0), false);
-            let mut res = [0u8; 4];
-            assert!(os::resident_pages(m as *mut u8, 4 * PAGE, &mut res));
-            assert_eq!(res.map(|b| b & 1), [1, 1, 1, 0], "pages of a new cache made resident");
-            assert_eq!(check(c), Ok(()));
-            libc::munmap(m, 4 * PAGE);
-        }
-    }
-
-    /// In a block known to be zero, a new cache writes only the page of its fields: its rows, empty
-    /// as zero bytes, are left for the thread's allocations to touch (the process rows' page), and
-    /// the page of load and arena rows stays untouched.
-    #[test]
-    fn a_new_cache_in_zeroed_memory_writes_only_the_page_of_its_fields() {
-        const PAGE: usize = 4096;
+        assert!(size > 3 * PAGE && size <= 4 * PAGE, "the cache is {size} bytes: revisit these tests");
         // SAFETY: a fresh private anonymous mapping of four pages (zero bytes), ours alone, unmapped
         // at the end; the cache written there is only checked.
         unsafe {
@@ -1369,14 +1342,27 @@ mod tests {
             );
             assert_ne!(m, libc::MAP_FAILED);
             let c = m as *mut Cache;
-            Cache::init_at(c, row(c, 0), true);
+            Cache::init_at(c, row(c, 0), zeroed);
             let mut res = [0u8; 4];
             assert!(os::resident_pages(m as *mut u8, 4 * PAGE, &mut res));
-            assert_eq!(res.map(|b| b & 1), [0, 0, 1, 0], "pages of a new cache in zeroed memory made resident");
-            // The rows read as empty ones: the invariants hold.
+            // The rows read as empty ones, written or not: the invariants hold.
             assert_eq!(check(c), Ok(()));
             libc::munmap(m, 4 * PAGE);
+            res.map(|b| b & 1)
         }
+    }
+
+    #[test]
+    fn a_new_cache_leaves_the_last_page_of_its_block_untouched() {
+        assert_eq!(pages_of_a_new_cache(false), [1, 1, 1, 0], "pages of a new cache made resident");
+    }
+
+    /// In a block known to be zero, a new cache writes only the page of its fields: its rows, empty
+    /// as zero bytes, are left for the thread's allocations to touch (the process rows' page), and
+    /// the page of load and arena rows stays untouched.
+    #[test]
+    fn a_new_cache_in_zeroed_memory_writes_only_the_page_of_its_fields() {
+        assert_eq!(pages_of_a_new_cache(true), [0, 0, 1, 0], "pages of a new cache in zeroed memory made resident");
     }
 
     /// Allocates through the fast path, or the slow path on a miss.
