@@ -17,9 +17,10 @@
 //!   accepted when not worse) with a *lowest-offset* decoder, and of repairs of windows of ops around
 //!   the highest ones (their tensors laid out again among the others, which stay). It stops as soon
 //!   as it reaches the lower bound or proves its plan optimal.
-//! - `exact`: the same, meant to run until it proves its plan optimal (it equals the lower bound, or
-//!   the branch and bound exhausted every canonical plan below it) or its time limit passes; the plan
-//!   says which (`proven_optimal`) and the best bound known (`best_bound`).
+//! - `exact`: the same phases until six tenths of its time, then the branch and bound, meant to run
+//!   until it proves its plan optimal (it equals the lower bound, or the branch and bound exhausted
+//!   every canonical plan below it) or its time limit passes; the plan says which (`proven_optimal`)
+//!   and the best bound known (`best_bound`).
 //!
 //! Plans are deterministic for a given budget when the step and node limits, not the clock, end the
 //! search (the clock is checked between steps and every 512 nodes).
@@ -708,6 +709,8 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     }
     let seeded = LocalSearch { order: cur, size: cur_size };
     let spent = |share: u32| start + budget.max_time * share / 10;
+    // Exact mode runs the search's phases until six tenths of its time, then the branch and bound.
+    let end = if exact { spent(6) } else { deadline };
     // Instances whose every op is full at the bound: a plan at the bound is a perfect tiling, which
     // the PQ-tree search finds (or not) within a fifth of the time; if not, its deepest partial
     // tiling completed (greedily, and by a local search over what it leaves open) may be the best
@@ -725,53 +728,40 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
         }
         Err(_) => {}
     }
-    if exact {
-        // A better plan first (a tenth of the time, from the end of the tiling search: until
-        // `spent(1)`, it had no time left on full instances), so that the proof has less to
-        // exclude; from the tiling search's plan where that is the best so far. Seeds 3-12 of the
-        // bench, exact mode: 74/80 within 1.05x against 71/80 (geometric mean 1.009 against 1.011).
-        let seeded = seeded_from(tensors, seeded, &mut done, &mut offsets);
-        let mut steps = budget.max_steps;
-        let until = (Instant::now() + budget.max_time / 10).min(deadline);
-        local_search(tensors, bound, seeded, until, budget.seed, &mut steps, &mut done);
-        branch_and_bound(tensors, bound, deadline, budget, &mut done);
-    } else {
-        // The branch and bound until three tenths of the time (most hard instances of up to a
-        // hundred tensors end there at the bound; on those of 400 it mostly finds its last plan early
-        // in its share and then stalls, and until half of the time, as before, it starved the local
-        // search: 74 of 78 runs of the 26 instances of 400 tensors within 1.05x, search seeds 1-3,
-        // against 77 of 78; README, "The branch and bound's share, a third time"), then the local
-        // search, which does better on larger ones. It goes
-        // on from the better of its own seed and the branch and bound's plan: that plan, decoded in
-        // the order of its offsets, comes out the same or lower (each tensor in turn finds its old
-        // place free, as everything decoded before it lies no higher than it did).
-        branch_and_bound(tensors, bound, spent(3), budget, &mut done);
-        let mut seeded = seeded_from(tensors, seeded, &mut done, &mut offsets);
-        // The rest in rounds of a tenth of the time each: the local search over the whole order, then
-        // repairs of windows around the highest ops; each round of the local search goes on from the
-        // best plan (decoded in the order of its offsets, as above). Alone, the local search ended
-        // tiling instances of 200 and 400 tensors (seeds 0-12) at 1.061-1.063x the optimum in
-        // geometric mean, the rounds at 1.057 (README, "The memory planner").
-        let mut steps = budget.max_steps;
-        let mut round = 0;
-        loop {
-            let seed = budget.seed.wrapping_add(round * 0x9E37_79B9);
-            local_search(
-                tensors,
-                bound,
-                seeded,
-                spent(4 + 2 * round as u32).min(deadline),
-                seed,
-                &mut steps,
-                &mut done,
-            );
-            repair_windows(tensors, bound, spent(5 + 2 * round as u32).min(deadline), seed, &mut steps, &mut done);
-            round += 1;
-            if done.proven_optimal || done.size <= bound || steps == 0 || Instant::now() >= deadline {
-                break;
-            }
-            seeded = LocalSearch { order: by_offset(&done.offsets), size: u64::MAX };
+    // The branch and bound until three tenths of the time (most hard instances of up to a hundred
+    // tensors end there at the bound; on those of 400 it mostly finds its last plan early in its
+    // share and then stalls, and until half of the time, as before, it starved the local search: 74
+    // of 78 runs of the 26 instances of 400 tensors within 1.05x, search seeds 1-3, against 77 of
+    // 78; README, "The branch and bound's share, a third time"), then the local search, which does
+    // better on larger ones. It goes on from the better of its own seed and the branch and bound's
+    // plan: that plan, decoded in the order of its offsets, comes out the same or lower (each tensor
+    // in turn finds its old place free, as everything decoded before it lies no higher than it did).
+    branch_and_bound(tensors, bound, spent(3), budget, &mut done);
+    let mut seeded = seeded_from(tensors, seeded, &mut done, &mut offsets);
+    // The rest (exact mode: until `end`) in rounds of a tenth of the time each: the local search over
+    // the whole order, then repairs of windows around the highest ops; each round of the local search
+    // goes on from the best plan (decoded in the order of its offsets, as above). Alone, the local
+    // search ended tiling instances of 200 and 400 tensors (seeds 0-12) at 1.061-1.063x the optimum
+    // in geometric mean, the rounds at 1.057 (README, "The memory planner").
+    let mut steps = budget.max_steps;
+    let mut round = 0;
+    loop {
+        let seed = budget.seed.wrapping_add(round * 0x9E37_79B9);
+        local_search(tensors, bound, seeded, spent(4 + 2 * round as u32).min(end), seed, &mut steps, &mut done);
+        repair_windows(tensors, bound, spent(5 + 2 * round as u32).min(end), seed, &mut steps, &mut done);
+        round += 1;
+        if done.proven_optimal || done.size <= bound || steps == 0 || Instant::now() >= end {
+            break;
         }
+        seeded = LocalSearch { order: by_offset(&done.offsets), size: u64::MAX };
+    }
+    if exact {
+        // The rest of the time for the proof, which has less to exclude below a better plan. Until
+        // this ran the search's phases first, exact mode had the branch and bound from the end of
+        // a tenth of local search after the tiling search: with 2 s it ended tiling 400/2 at 1.076x
+        // where `search` with 1 s ended at 1.043x; the bench's seeds 0-12 in the same hour, 102 of
+        // 104 within 1.05x against 104, geometric mean 1.0059 against 1.0049, 78 proven in both.
+        branch_and_bound(tensors, bound, deadline, budget, &mut done);
     }
     if done.size <= done.best_bound {
         done.proven_optimal = true;
