@@ -95,7 +95,9 @@ pub struct Budget {
     /// Steps of the local search (each decodes the whole order) and of the window repairs (as many
     /// of a window's decodes as place as many tensors as one whole decode), together.
     pub max_steps: u64,
-    /// Branch-and-bound nodes (each places one tensor).
+    /// Nodes (each places one tensor) of the branch and bound and of the tiling search: a limit for
+    /// each of their calls in one search, not a total over them (exact mode calls the branch and
+    /// bound twice, see `search`).
     pub max_nodes: u64,
     /// Wall-clock limit.
     pub max_time: Duration,
