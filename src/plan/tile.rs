@@ -52,22 +52,50 @@ enum Kind {
 
 /// A node of a PQ-tree. Invariant: a leaf has no children and `leaf` is a tensor index; a P- or
 /// Q-node has at least two children (three for a Q-node, outside a reduction).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Node {
     kind: Kind,
     leaf: u32,
     children: Vec<u32>,
 }
 
+impl Clone for Node {
+    fn clone(&self) -> Node {
+        Node { kind: self.kind, leaf: self.leaf, children: self.children.clone() }
+    }
+
+    /// Keeps the children's allocation.
+    fn clone_from(&mut self, src: &Node) {
+        self.kind = src.kind;
+        self.leaf = src.leaf;
+        self.children.clone_from(&src.children);
+    }
+}
+
 /// A PQ-tree over tensor indices, its nodes in an arena (`root` reaches every live node; others are
 /// garbage until [`Tree::compact`]). `cnt` and `tot` are scratch for a reduction: marked and all
 /// leaves under each node.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Tree {
     nodes: Vec<Node>,
     root: u32,
     cnt: Vec<u32>,
     tot: Vec<u32>,
+}
+
+impl Clone for Tree {
+    fn clone(&self) -> Tree {
+        Tree { nodes: self.nodes.clone(), root: self.root, cnt: self.cnt.clone(), tot: self.tot.clone() }
+    }
+
+    /// Keeps the allocations of the nodes and their children (the search reduces each candidate
+    /// group in one scratch tree, and clones it only for a group that reduces).
+    fn clone_from(&mut self, src: &Tree) {
+        self.nodes.clone_from(&src.nodes);
+        self.root = src.root;
+        self.cnt.clone_from(&src.cnt);
+        self.tot.clone_from(&src.tot);
+    }
 }
 
 /// Where a reduced set lies: a node whose leaves are exactly the set, or a range of a Q-node's
@@ -641,14 +669,16 @@ impl Search<'_> {
             return false;
         }
         let adj = self.adjacency(&tree, ends);
+        let mut scratch = tree.clone();
         for (e, s) in candidates(self.tensors, ends, starts, self.limits, &adj) {
             if !self.spend() {
                 return false;
             }
-            let mut t = tree.clone();
-            if self.reduce(&mut t, &e).is_none() {
+            scratch.clone_from(&tree);
+            if self.reduce(&mut scratch, &e).is_none() {
                 continue;
             }
+            let t = scratch.clone();
             let rest_e: Vec<u32> = ends.iter().copied().filter(|i| !e.contains(i)).collect();
             let rest_s: Vec<u32> = starts.iter().copied().filter(|i| !s.contains(i)).collect();
             chosen.push((e, s));
@@ -697,6 +727,9 @@ const MAX_SUBSETS: usize = 20_000;
 struct Sums {
     unit: u64,
     targets: Vec<u64>,
+    /// Scratch of [`Sums::reachable`]: the sums reached, and a copy of them, each as long as
+    /// `targets`.
+    reach: std::cell::RefCell<(Vec<u64>, Vec<u64>)>,
 }
 
 /// Bit sets of sums beyond this many words are not worth their cost: the listing goes without.
@@ -727,7 +760,8 @@ impl Sums {
                 *w |= 1u64 << (b % 64);
             }
         }
-        Some(Sums { unit, targets: bits })
+        let reach = std::cell::RefCell::new((vec![0; bits.len()], vec![0; bits.len()]));
+        Some(Sums { unit, reach, targets: bits })
     }
 
     /// Whether some set of the tensors not `banned` adds to `sum` to make one of the targets.
@@ -739,9 +773,13 @@ impl Sums {
             return false;
         }
         // `sum` plus the sums of sets of the tensors left (bit `base`: the empty set), against
-        // the targets other than `sum` itself (its bit masked out of the comparison).
+        // the targets other than `sum` itself (its bit masked out of the comparison). No bit
+        // below `base` is ever set, so only the words from `bw` on are kept, shifted and compared
+        // (the same answers; the scratch is the one allocation, made with the targets).
         let (bw, bb) = (base / 64, 1u64 << (base % 64));
-        let mut reach = vec![0u64; words];
+        let mut scratch = self.reach.borrow_mut();
+        let (reach, prev) = &mut *scratch;
+        reach[bw..].fill(0);
         reach[bw] = bb;
         for (k, &sz) in sizes.iter().enumerate() {
             let sh = (sz / self.unit) as usize;
@@ -749,21 +787,54 @@ impl Sums {
                 continue;
             }
             let (qw, qb) = (sh / 64, sh % 64);
-            for i in (qw..words).rev() {
-                let lo = reach[i - qw] << qb;
-                let hi = if qb == 0 || i == qw { 0 } else { reach[i - qw - 1] >> (64 - qb) };
-                reach[i] |= lo | hi;
+            // Word `bw + qw + j` takes from words `bw + j` and `bw + j - 1` of the sums before
+            // this tensor (zero below `bw`), read from a copy so that the loops vectorise.
+            prev[bw..words - qw].copy_from_slice(&reach[bw..words - qw]);
+            let (src, dst) = (&prev[bw..words - qw], &mut reach[bw + qw..words]);
+            if qb == 0 {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d |= s);
+            } else {
+                dst[0] |= src[0] << qb;
+                dst[1..].iter_mut().zip(src.windows(2)).for_each(|(d, s)| *d |= (s[1] << qb) | (s[0] >> (64 - qb)));
             }
-            if reach
-                .iter()
-                .zip(&self.targets)
-                .enumerate()
-                .any(|(i, (r, w))| r & w & if i == bw { !bb } else { !0 } != 0)
-            {
+            // Only words from `bw + qw` on gained bits; the others were compared before.
+            // (Word `bw` without bit `base`; a fold without an early exit, which vectorises.)
+            let from = bw + qw;
+            let mut hit = if from == bw { reach[bw] & self.targets[bw] & !bb } else { 0 };
+            let rest = from + (from == bw) as usize;
+            hit |= reach[rest..].iter().zip(&self.targets[rest..]).fold(0, |a, (r, w)| a | (r & w));
+            if hit != 0 {
                 return true;
             }
         }
         false
+    }
+}
+
+/// The sets of starting tensors listed at a boundary: each set's sum and its members (a range of
+/// `members`: start, length), sorted by sum and, within a sum, in the order listed. Invariant:
+/// every range lies within `members`, and `sets` is sorted by its first field.
+struct Listed {
+    sets: Vec<(u64, u32, u32)>,
+    members: Vec<u32>,
+}
+
+impl Listed {
+    /// The sets that add up to `sum`, in the order listed.
+    fn with_sum(&self, sum: u64) -> &[(u64, u32, u32)] {
+        let lo = self.sets.partition_point(|x| x.0 < sum);
+        let hi = self.sets.partition_point(|x| x.0 <= sum);
+        &self.sets[lo..hi]
+    }
+
+    /// Whether some set adds up to `sum`.
+    fn has(&self, sum: u64) -> bool {
+        let at = self.sets.partition_point(|x| x.0 < sum);
+        self.sets.get(at).is_some_and(|x| x.0 == sum)
+    }
+
+    fn members(&self, set: &(u64, u32, u32)) -> &[u32] {
+        &self.members[set.1 as usize..(set.1 + set.2) as usize]
     }
 }
 
@@ -782,7 +853,7 @@ fn candidates(
     let size = |i: u32| tensors[i as usize].size;
     let alike = |a: u32, b: u32| size(a) == size(b) && tensors[a as usize].last == tensors[b as usize].last;
     let s_sorted = by_size(tensors, starts);
-    let mut by_sum: HashMap<u64, Vec<Vec<u32>>> = HashMap::new();
+    let mut by_sum = Listed { sets: Vec::new(), members: Vec::new() };
     let mut budget = MAX_SUBSETS;
     #[allow(clippy::too_many_arguments)]
     fn subsets(
@@ -794,10 +865,11 @@ fn candidates(
         size: &dyn Fn(u32) -> u64,
         alike: &dyn Fn(u32, u32) -> bool,
         budget: &mut usize,
-        out: &mut HashMap<u64, Vec<Vec<u32>>>,
+        out: &mut Listed,
     ) {
         if !pick.is_empty() {
-            out.entry(sum).or_default().push(pick.iter().map(|&k| s[k]).collect());
+            out.sets.push((sum, out.members.len() as u32, pick.len() as u32));
+            out.members.extend(pick.iter().map(|&k| s[k]));
         }
         if pick.len() == max_s {
             return;
@@ -816,10 +888,12 @@ fn candidates(
         }
     }
     subsets(limits.starts, &s_sorted, 0, &mut Vec::new(), 0, &size, &alike, &mut budget, &mut by_sum);
+    // By sum; within one sum, in the order listed (the sort is stable).
+    by_sum.sets.sort_by_key(|x| x.0);
     // Sets of ending tensors that hold `ends[0]` and are connected in `adj` (a group is a run of
     // neighbours), each once: below a branch that passes over a neighbour, the neighbour is
     // banned. No larger than the largest sum of starting tensors listed.
-    let max_sum = by_sum.keys().copied().max().unwrap_or(0);
+    let max_sum = by_sum.sets.last().map_or(0, |x| x.0);
     let mut sets: Vec<(Vec<usize>, u64)> = Vec::new();
     let mut budget = MAX_SUBSETS;
     #[allow(clippy::too_many_arguments)]
@@ -828,16 +902,17 @@ fn candidates(
         sizes: &[u64],
         adj: &[Vec<usize>],
         set: &mut Vec<usize>,
-        mut ext: Vec<usize>,
+        ext: &mut Vec<usize>,
         banned: &mut [bool],
         sum: u64,
         max_sum: u64,
-        by_sum: &HashMap<u64, Vec<Vec<u32>>>,
+        by_sum: &Listed,
         sums: Option<&Sums>,
         budget: &mut usize,
+        pool: &mut Vec<Vec<usize>>,
         out: &mut Vec<(Vec<usize>, u64)>,
     ) {
-        if by_sum.contains_key(&sum) {
+        if by_sum.has(sum) {
             let mut e = set.clone();
             e.sort_unstable();
             out.push((e, sum));
@@ -845,7 +920,9 @@ fn candidates(
         if set.len() == max_e || sums.is_some_and(|su| !su.reachable(sizes, banned, sum)) {
             return;
         }
-        let mut passed = Vec::new();
+        // Buffers come from `pool` and go back to it: the listing allocates once per depth.
+        let mut passed = pool.pop().unwrap_or_default();
+        passed.clear();
         while let Some(w) = ext.pop() {
             if *budget == 0 {
                 break;
@@ -856,22 +933,40 @@ fn candidates(
             if sum + sizes[w] > max_sum {
                 continue;
             }
-            let mut next = ext.clone();
+            let mut next = pool.pop().unwrap_or_default();
+            next.clear();
+            next.extend_from_slice(ext);
             for &u in &adj[w] {
                 if !banned[u] && !next.contains(&u) {
                     next.push(u);
                 }
             }
             set.push(w);
-            connected(max_e, sizes, adj, set, next, banned, sum + sizes[w], max_sum, by_sum, sums, budget, out);
+            connected(
+                max_e,
+                sizes,
+                adj,
+                set,
+                &mut next,
+                banned,
+                sum + sizes[w],
+                max_sum,
+                by_sum,
+                sums,
+                budget,
+                pool,
+                out,
+            );
             set.pop();
+            pool.push(next);
         }
-        for w in passed {
+        for &w in &passed {
             banned[w] = false;
         }
+        pool.push(passed);
     }
     let sizes: Vec<u64> = ends.iter().map(|&i| size(i)).collect();
-    let sums = Sums::new(&sizes, by_sum.keys().copied(), max_sum);
+    let sums = Sums::new(&sizes, by_sum.sets.iter().map(|x| x.0), max_sum);
     let mut banned = vec![false; ends.len()];
     banned[0] = true;
     connected(
@@ -879,13 +974,14 @@ fn candidates(
         &sizes,
         adj,
         &mut vec![0],
-        adj[0].clone(),
+        &mut adj[0].clone(),
         &mut banned,
         sizes[0],
         max_sum,
         &by_sum,
         sums.as_ref(),
         &mut budget,
+        &mut Vec::new(),
         &mut sets,
     );
     // Fewest members first, then by the ending tensors' places in `ends` (largest first), at most
@@ -898,11 +994,11 @@ fn candidates(
             if e.len() >= total {
                 break;
             }
-            for st in by_sum[sum].iter().filter(|st| st.len() == total - e.len()) {
+            for st in by_sum.with_sum(*sum).iter().filter(|st| st.2 as usize == total - e.len()) {
                 if out.len() == MAX_SUBSETS {
                     break 'members;
                 }
-                out.push((e.iter().map(|&k| ends[k]).collect(), st.clone()));
+                out.push((e.iter().map(|&k| ends[k]).collect(), by_sum.members(st).to_vec()));
             }
         }
     }
@@ -1460,23 +1556,27 @@ mod tests {
             let top = [5usize, 200, 3000][r.below(3)];
             let sizes: Vec<u64> = (0..n).map(|_| (1 + r.below(top)) as u64 * unit).collect();
             let targets: Vec<u64> = (0..1 + r.below(6)).map(|_| (1 + r.below(3 * top)) as u64 * unit).collect();
-            let banned: Vec<bool> = (0..n).map(|_| r.below(3) == 0).collect();
-            let sum = r.below(top) as u64 * unit;
             let max_sum = targets.iter().copied().max().unwrap();
-            let want = (1u32..1 << n).any(|m| {
-                let mut t = sum;
-                for k in 0..n {
-                    if m >> k & 1 == 1 {
-                        if banned[k] {
-                            return false;
-                        }
-                        t += sizes[k];
-                    }
-                }
-                targets.contains(&t)
-            });
             let s = Sums::new(&sizes, targets.iter().copied(), max_sum).unwrap();
-            assert_eq!(s.reachable(&sizes, &banned, sum), want, "{sizes:?} {banned:?} {sum} {targets:?}");
+            // Several questions of one `Sums`, as the listing asks them (its scratch is reused:
+            // what one question leaves in it must not answer the next).
+            for _ in 0..4 {
+                let banned: Vec<bool> = (0..n).map(|_| r.below(3) == 0).collect();
+                let sum = r.below(top) as u64 * unit;
+                let want = (1u32..1 << n).any(|m| {
+                    let mut t = sum;
+                    for k in 0..n {
+                        if m >> k & 1 == 1 {
+                            if banned[k] {
+                                return false;
+                            }
+                            t += sizes[k];
+                        }
+                    }
+                    targets.contains(&t)
+                });
+                assert_eq!(s.reachable(&sizes, &banned, sum), want, "{sizes:?} {banned:?} {sum} {targets:?}");
+            }
         }
     }
 
