@@ -717,7 +717,8 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     // the PQ-tree search finds (or not) within a fifth of the time; if not, its deepest partial
     // tiling completed (greedily, and by a local search over what it leaves open) may be the best
     // plan so far.
-    match tile::plan(tensors, bound, spent(2), budget.max_nodes) {
+    // Exact mode searches with the tiling search's prunings (see `tile::plan`).
+    match tile::plan(tensors, bound, spent(2), budget.max_nodes, exact) {
         Ok(offs) => {
             done.offsets = offs;
             done.size = bound;
