@@ -564,14 +564,17 @@ struct Search<'a> {
     /// The instance's last op: tensors that live to it end at no boundary.
     last_op: u32,
     /// States from which every grouping was tried and failed: a boundary and its tree as
-    /// [`tree_key`] writes it (at most `MAX_FAILED`; only when `thorough`).
+    /// [`tree_key`] writes it (only when `thorough`), and the words of their keys, which stay
+    /// under `MAX_FAILED_WORDS`.
     failed: HashSet<(usize, Vec<u64>)>,
+    failed_words: usize,
     /// Exact mode's search: with the two prunings of [`Search::boundary`] and [`shared_out`].
     thorough: bool,
 }
 
-/// Failed states remembered at most (a key is a few hundred words).
-const MAX_FAILED: usize = 100_000;
+/// Words of the failed states' keys at most (8 MiB; a key is a few hundred words). Exact mode with
+/// 10 s on tiling 400/0, 400/2, 400/10, 400/16 and 400/22 kept at most 590 000 words (400/2).
+const MAX_FAILED_WORDS: usize = 1 << 20;
 
 /// `tree` as the boundaries after it see it, so that two trees with one key have the same future:
 /// a leaf is its tensor's size and last op (tensors alike in those end at the same boundary with
@@ -694,7 +697,8 @@ impl Search<'_> {
             return false;
         }
         let done = self.boundary_from(k, tree);
-        if !done && !self.out_of_time && self.failed.len() < MAX_FAILED {
+        if !done && !self.out_of_time && self.failed_words + key.1.len() <= MAX_FAILED_WORDS {
+            self.failed_words += key.1.len();
             self.failed.insert(key);
         }
         done
@@ -1433,6 +1437,7 @@ fn one_way(
         },
         last_op: tensors.iter().map(|t| t.last).max().unwrap_or(0),
         failed: HashSet::new(),
+        failed_words: 0,
         thorough,
     };
     if s.boundary(0, Tree::new(&ops.first)) {
