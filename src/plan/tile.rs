@@ -787,26 +787,26 @@ impl Search<'_> {
 /// search list and reduce thousands of groupings at one boundary. A node limit makes it answer yes
 /// where it is not sure.
 fn shared_out(tensors: &[Tensor], ends: &[u32], starts: &[u32], adj: &[Vec<usize>]) -> bool {
-    let n = ends.len();
-    let mut comp = vec![usize::MAX; n];
+    // Each component's total size, found by a walk from each ending tensor not yet seen.
+    let mut seen = vec![false; ends.len()];
     let mut room: Vec<u64> = Vec::new();
-    for first in 0..n {
-        if comp[first] != usize::MAX {
+    for first in 0..ends.len() {
+        if seen[first] {
             continue;
         }
-        let c = room.len();
-        room.push(0);
-        comp[first] = c;
+        seen[first] = true;
+        let mut total = 0;
         let mut stack = vec![first];
         while let Some(x) = stack.pop() {
-            room[c] += tensors[ends[x] as usize].size;
+            total += tensors[ends[x] as usize].size;
             for &y in &adj[x] {
-                if comp[y] == usize::MAX {
-                    comp[y] = c;
+                if !seen[y] {
+                    seen[y] = true;
                     stack.push(y);
                 }
             }
         }
+        room.push(total);
     }
     if room.len() <= 1 {
         return true;
