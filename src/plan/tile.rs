@@ -28,10 +28,11 @@
 //! tensors end and a dozen start at once, small pieces let hundreds of sets add up by chance, and
 //! a wrong choice shows only boundaries later: the tiling instances of `hard` with 400 tensors are
 //! beyond it so far (and some of 200). The small pieces are what makes them hard: generated with
-//! no piece under 64 units, `search` reaches the bound on 11 of the 13 of 400 tensors of seeds 0-12
-//! within 300 ms, on none as they are (README, "What makes the tiling instances hard: their smallest tensors"). It
-//! searches groups no coarser than the runs of a plan where they are within its limits, so a
-//! failure proves nothing; finer groups than a plan's runs give a plan all the same.
+//! no piece under 64 units, `search` reaches the bound on 11 of the 13 of 400 tensors of seeds
+//! 0-12 within 300 ms, on none as they are (README, "What makes the tiling instances hard: their
+//! smallest tensors"). It searches groups no coarser than the runs of a plan where they are within
+//! its limits, so a failure proves nothing; finer groups than a plan's runs give a plan all the
+//! same.
 //!
 //! **The plan.** Going back from the last op, each op's order is read off the tree as it stood at
 //! that boundary, choosing the children's order of each node to agree with the next op's order
