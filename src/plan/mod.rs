@@ -735,7 +735,7 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     // tensors end there at the bound; on those of 400 it mostly finds its last plan early in its
     // share and then stalls, and until half of the time, as before, it starved the local search: 74
     // of 78 runs of the 26 instances of 400 tensors within 1.05x, search seeds 1-3, against 77 of
-    // 78; README, "The branch and bound's share, a third time"), then the local search, which does
+    // 78; `NOTES.md`, "The branch and bound's share, a third time"), then the local search, which does
     // better on larger ones. It goes on from the better of its own seed and the branch and bound's
     // plan: that plan, decoded in the order of its offsets, comes out the same or lower (each tensor
     // in turn finds its old place free, as everything decoded before it lies no higher than it did).
@@ -745,7 +745,7 @@ fn search(tensors: &[Tensor], bound: u64, budget: Budget, exact: bool) -> Search
     // the whole order, then repairs of windows around the highest ops; each round of the local search
     // goes on from the best plan (decoded in the order of its offsets, as above). Alone, the local
     // search ended tiling instances of 200 and 400 tensors (seeds 0-12) at 1.061-1.063x the optimum
-    // in geometric mean, the rounds at 1.057 (README, "The memory planner").
+    // in geometric mean, the rounds at 1.057 (commit b66582a).
     let mut steps = budget.max_steps;
     let mut round = 0;
     loop {

@@ -29,8 +29,8 @@
 //! a wrong choice shows only boundaries later: the tiling instances of `hard` with 400 tensors are
 //! beyond it so far (and some of 200). The small pieces are what makes them hard: generated with
 //! no piece under 64 units, `search` reaches the bound on 11 of the 13 of 400 tensors of seeds
-//! 0-12 within 300 ms, on none as they are (README, "What makes the tiling instances hard: their
-//! smallest tensors"). It searches groups no coarser than the runs of a plan where they are within
+//! 0-12 within 300 ms, on none as they are (`NOTES.md`, "What makes the tiling instances hard:
+//! their smallest tensors"). It searches groups no coarser than the runs of a plan where they are within
 //! its limits, so a failure proves nothing; finer groups than a plan's runs give a plan all the
 //! same.
 //!
@@ -1174,7 +1174,7 @@ fn candidates(
 ///
 /// `thorough` (exact mode): the runs search with the prunings of [`Search::boundary`] and
 /// [`shared_out`], and the deepest partial tiling is completed from one boundary short as well.
-/// Measured (README, "The last boundaries, from the plan's own state"): exact mode with 2 s on
+/// Measured (`NOTES.md`, "The last boundaries, from the plan's own state"): exact mode with 2 s on
 /// the bench's 104 instances proved 80 and 81 optimal (two runs) against 78; in `search` at 1 s,
 /// on the 26 tiling instances of 400 tensors of seeds 0-25, 68 of 78 runs ended within 1.05x
 /// against 71, so `search` does without.
@@ -1237,7 +1237,7 @@ pub(super) fn plan(
         // The deepest partial tiling and the same one boundary short, each completed in half of
         // the time left, the lower kept: a completion can come out far higher from one boundary
         // deeper (tiling 400/12 of the bench, search seed 1: from 27 boundaries 1.044x, from 28
-        // 1.104x; README, "The last boundaries, from the plan's own state").
+        // 1.104x; `NOTES.md`, "The last boundaries, from the plan's own state").
         let now = Instant::now();
         let half = if short.is_some() { now + deadline.saturating_duration_since(now) / 2 } else { deadline };
         for (offs, until) in std::iter::once((offs, half)).chain(short.map(|s| (s, deadline))) {
@@ -1288,7 +1288,7 @@ struct Partial {
 /// tree happened to give the live ones, which the tensors that start later may not fit. On the 26
 /// instances of 400 tensors of the bench (seeds 0-12, three seeds of the search), `search` at 1 s
 /// ended within 1.05x on 24.0 on average with this step and 22.0 without, geometric means 1.0216
-/// and 1.0266 (see the README's planner section). The plan and its size, validated (`None` if it
+/// and 1.0266 (`NOTES.md`, "Partial tilings completed by a local search"). The plan and its size, validated (`None` if it
 /// fails to).
 fn relaid(tensors: &[Tensor], offs: &[Option<u64>], bound: u64, until: Instant) -> Option<(Vec<u64>, u64)> {
     let rest: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_none()).collect();
