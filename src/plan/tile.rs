@@ -27,10 +27,10 @@
 //! over the boundaries) when a reduction fails, within a node limit and a deadline. Where a dozen
 //! tensors end and a dozen start at once, small pieces let hundreds of sets add up by chance, and
 //! a wrong choice shows only boundaries later: the tiling instances of `hard` with 400 tensors are
-//! beyond it so far (and some of 200). The small pieces are what makes them hard: generated with
-//! no piece under 64 units, `search` reaches the bound on 11 of the 13 of 400 tensors of seeds
-//! 0-12 within 300 ms, on none as they are (`NOTES.md`, "What makes the tiling instances hard:
-//! their smallest tensors"). It searches groups no coarser than the runs of a plan where they are within
+//! beyond it so far (and some of 200). The small pieces are what makes them hard: generated with no
+//! piece under 64 units, `search` reaches the bound on 11 of the 13 of 400 tensors of seeds 0-12
+//! within 300 ms, on none as they are (`NOTES.md`, "What makes the tiling instances hard: their
+//! smallest tensors"). It searches groups no coarser than the runs of a plan where they are within
 //! its limits, so a failure proves nothing; finer groups than a plan's runs give a plan all the
 //! same.
 //!
@@ -1288,8 +1288,8 @@ struct Partial {
 /// tree happened to give the live ones, which the tensors that start later may not fit. On the 26
 /// instances of 400 tensors of the bench (seeds 0-12, three seeds of the search), `search` at 1 s
 /// ended within 1.05x on 24.0 on average with this step and 22.0 without, geometric means 1.0216
-/// and 1.0266 (`NOTES.md`, "Partial tilings completed by a local search"). The plan and its size, validated (`None` if it
-/// fails to).
+/// and 1.0266 (`NOTES.md`, "Partial tilings completed by a local search"). The plan and its size,
+/// validated (`None` if it fails to).
 fn relaid(tensors: &[Tensor], offs: &[Option<u64>], bound: u64, until: Instant) -> Option<(Vec<u64>, u64)> {
     let rest: Vec<usize> = (0..tensors.len()).filter(|&i| offs[i].is_none()).collect();
     // Empty tensors (left out of the trees) do not say where the partial tiling ends.
