@@ -610,15 +610,13 @@ fn tree_key(tensors: &[Tensor], last_op: u32, tree: &Tree) -> Vec<u64> {
         if node.kind == Kind::P {
             parts.sort_unstable();
             out.push(2);
+            parts.into_iter().for_each(|p| out.extend(p));
         } else {
             let forwards = parts.concat();
             parts.reverse();
-            if forwards < parts.concat() {
-                parts.reverse();
-            }
             out.push(3);
+            out.extend(forwards.min(parts.concat()));
         }
-        parts.into_iter().for_each(|p| out.extend(p));
         out.push(4);
     }
     let mut out = Vec::new();
