@@ -54,7 +54,12 @@ pub const RETAIN_PERCENT: usize = 18;
 pub const MOVE_PAGES: usize = 19;
 
 /// Every option edgepool reads. The README's table is this table.
-pub const OPTIONS: [OptionDef; 20] = [
+///
+/// A `static`, not a `const`: each use of a `const` array is a copy of it in the code unit that uses
+/// it, and the descriptions' text went with each copy. With the code split into units as it was at
+/// 67e36fb, the library's first read-only segment (resident in every process) held all of them
+/// twice (`tests/preload.rs`, `the_library_holds_each_table_once`).
+pub static OPTIONS: [OptionDef; 20] = [
     OptionDef {
         name: "RESERVE",
         kind: Kind::Size,
@@ -302,15 +307,20 @@ impl Default for Values {
     }
 }
 
+/// The defaults, read from [`OPTIONS`] when the crate is compiled: only the numbers are in the code.
+const DEFAULTS: Values = {
+    let mut v = [0u64; OPTIONS.len()];
+    let mut i = 0;
+    while i < OPTIONS.len() {
+        v[i] = OPTIONS[i].default;
+        i += 1;
+    }
+    Values(v)
+};
+
 impl Values {
     pub const fn defaults() -> Values {
-        let mut v = [0u64; OPTIONS.len()];
-        let mut i = 0;
-        while i < OPTIONS.len() {
-            v[i] = OPTIONS[i].default;
-            i += 1;
-        }
-        Values(v)
+        DEFAULTS
     }
 
     /// Applies one `NAME=value` pair (name without the `EDGEPOOL_` prefix). Returns `Ok(true)` when

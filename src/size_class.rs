@@ -35,7 +35,10 @@ pub const MAX_WORDS: usize = (SLAB_META - SLAB_HEADER) / 16;
 /// of the block is never touched.
 pub const MAX_SLOTS: usize = MAX_WORDS * 64;
 
-pub const CLASS_SIZES: [usize; 20] =
+// The tables here (and `ROW_OF_SIZE` in `cache`) are `static`, not `const`: each use of a `const`
+// array is a copy of it in the code unit that uses it (`tests/preload.rs`,
+// `the_library_holds_each_table_once`).
+pub static CLASS_SIZES: [usize; 20] =
     [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384];
 pub const NCLASSES: usize = CLASS_SIZES.len();
 
@@ -72,7 +75,7 @@ const fn geometry(size: usize) -> Geometry {
     Geometry { size: size as u32, nslots: nslots as u32, nwords: nwords as u32, recip }
 }
 
-pub const GEOMETRY: [Geometry; NCLASSES] = {
+pub static GEOMETRY: [Geometry; NCLASSES] = {
     let mut g = [Geometry { size: 0, nslots: 0, nwords: 0, recip: 0 }; NCLASSES];
     let mut i = 0;
     while i < NCLASSES {
@@ -84,7 +87,7 @@ pub const GEOMETRY: [Geometry; NCLASSES] = {
 
 /// `SIZE_TO_CLASS[(size + 15) >> 4]` is the smallest class holding `size` (for `size <= SMALL_MAX`,
 /// alignment ≤ 16).
-pub const SIZE_TO_CLASS: [u8; SMALL_MAX / 16 + 1] = {
+pub static SIZE_TO_CLASS: [u8; SMALL_MAX / 16 + 1] = {
     let mut t = [0u8; SMALL_MAX / 16 + 1];
     let mut i = 0;
     let mut c = 0;

@@ -108,6 +108,41 @@ fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> (Vec<u64>, Vec<u64
     (code, data)
 }
 
+/// The library's read-only data holds edgepool's tables once (the size-class lookup and the options'
+/// descriptions are checked). They are `static`: a `const`
+/// array is copied into every code unit that uses it, and with the code split into units as it was
+/// at 67e36fb, the table of rows by size and the options' descriptions were each there twice, 4 KiB more
+/// of the first segment, which every process keeps resident (24 KiB where it is 20).
+#[test]
+fn the_library_holds_each_table_once() {
+    let so = lib();
+    let file = std::fs::read(&so).unwrap();
+    // The file offset and size of `.rodata` ("[10] .rodata PROGBITS addr off size ...").
+    let (off, size) = tool("readelf", &["-SW"], &so)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_once(']')?.1.split_whitespace().collect();
+            (f.first() == Some(&".rodata"))
+                .then(|| Some((usize::from_str_radix(f[3], 16).ok()?, usize::from_str_radix(f[4], 16).ok()?)))?
+        })
+        .expect("no .rodata section");
+    let rodata = &file[off..off + size];
+    let count = |needle: &[u8]| rodata.windows(needle.len()).filter(|w| *w == needle).count();
+    // SIZE_TO_CLASS, as src/size_class.rs builds it from the public class sizes: entry `i` is the
+    // smallest class holding `16 * i` bytes.
+    use edgepool::classes::{CLASS_SIZES, SMALL_MAX};
+    let size_to_class: Vec<u8> =
+        (0..=SMALL_MAX / 16).map(|i| CLASS_SIZES.iter().position(|&c| c >= 16 * i).unwrap() as u8).collect();
+    assert_eq!(count(&size_to_class), 1, "SIZE_TO_CLASS is not in .rodata exactly once");
+    // ROW_OF_SIZE (src/cache/mod.rs), which the allocation fast path reads: the class's row offset,
+    // the class times ROW_BYTES (192, a compile-time assertion there), as u16. Twice before.
+    let row_of_size: Vec<u8> = size_to_class.iter().flat_map(|&c| (c as u16 * 192).to_ne_bytes()).collect();
+    assert_eq!(count(&row_of_size), 1, "ROW_OF_SIZE is not in .rodata exactly once (or ROW_BYTES is no longer 192)");
+    for def in &edgepool::options::OPTIONS {
+        assert_eq!(count(def.description.as_bytes()), 1, "EDGEPOOL_{}'s description: {}", def.name, def.description);
+    }
+}
+
 /// What a process keeps resident of the library's code (cdylib/build.rs, cdylib/link/layout.ld): the
 /// unwinder is linked in, so no `libgcc_s.so.1` is loaded for it; the code every process runs (the
 /// start-up code, the PLT, the C entry points, the allocation paths) lies in edgepool's own section

@@ -131,7 +131,7 @@ pub const ROW_BYTES: usize = core::mem::size_of::<ClassState>();
 /// `ROW_OF_SIZE[(size + 15) >> 4]` is the byte offset in a row set of the row of `size`'s class
 /// ([`SIZE_TO_CLASS`] times [`ROW_BYTES`]), so that the allocation fast path adds it to `rows_now`
 /// as it is: two instructions fewer than a class index, which it multiplied by the row's size.
-pub const ROW_OF_SIZE: [u16; SMALL_MAX / 16 + 1] = {
+pub static ROW_OF_SIZE: [u16; SMALL_MAX / 16 + 1] = {
     let mut t = [0u16; SMALL_MAX / 16 + 1];
     let mut i = 0;
     while i < t.len() {
