@@ -108,11 +108,11 @@ fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> (Vec<u64>, Vec<u64
     (code, data)
 }
 
-/// The library's read-only data holds edgepool's tables once (the size-class lookup and the options'
-/// descriptions are checked). They are `static`: a `const`
-/// array is copied into every code unit that uses it, and with the code split into units as it was
-/// at 67e36fb, the table of rows by size and the options' descriptions were each there twice, 4 KiB more
-/// of the first segment, which every process keeps resident (24 KiB where it is 20).
+/// The library's read-only data holds edgepool's tables once (checked: the size-class lookups and
+/// the options' descriptions). They are `static`: a `const` array is copied into every code unit that
+/// uses it, and with the code split into units as it was at 67e36fb, the table of rows by size and
+/// the options' descriptions were each there twice, 4 KiB more of the first segment, which every
+/// process keeps resident (24 KiB where it is 20).
 #[test]
 fn the_library_holds_each_table_once() {
     let so = lib();
