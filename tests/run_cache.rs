@@ -2,7 +2,7 @@
 //! the runs here are of 5 to 16 pages, above the largest slab class of 16 KiB):
 //! it serves the next request of the same page count, stays within its bounds, and empties on
 //! `trim()`, at thread exit and at a load phase's end, and stays off during a phase, under a budget
-//! and in the hardened mode.
+//! and in the hardened mode; a thread with no cache yet gets one at its first free of a run.
 //! Each test runs in its own child process, so that the process-wide figures belong to it alone.
 
 mod common;
@@ -183,4 +183,58 @@ fn child_secure() {
     start();
     churn(8, 6);
     assert_eq!(mine_bytes(), 0);
+}
+
+#[test]
+fn a_thread_without_a_cache_gets_one_to_keep_a_run() {
+    common::run_child("child_no_cache_yet", &[]);
+}
+
+/// What the thread of [`child_no_cache_yet`] saw, written before it ends (its assertions are made in
+/// the main thread: a panic could not unwind out of its C start routine).
+static SEEN: [std::sync::atomic::AtomicUsize; 4] = [const { std::sync::atomic::AtomicUsize::new(0) }; 4];
+
+/// A thread started with `pthread_create` (not `std::thread`, whose start allocates small blocks), that
+/// allocates and frees one run of eight pages and then asks for eight pages again, with no small
+/// allocation before: its first free makes its cache, which keeps the run for the second request.
+extern "C" fn medium_only(_: *mut libc::c_void) -> *mut libc::c_void {
+    use std::sync::atomic::Ordering::Relaxed;
+    SEEN[0].store(mine_bytes(), Relaxed);
+    let p = edgepool::raw::alloc(8 * PAGE, 16);
+    // SAFETY: a live block of 8 pages (null is checked in the main thread through SEEN[1]).
+    unsafe {
+        if !p.is_null() {
+            p.write_bytes(0x5A, 8 * PAGE);
+            edgepool::raw::free(p);
+        }
+    }
+    SEEN[1].store(mine_bytes(), Relaxed);
+    let q = edgepool::raw::alloc(8 * PAGE, 16);
+    SEEN[2].store(usize::from(!q.is_null() && q == p), Relaxed);
+    SEEN[3].store(mine_bytes(), Relaxed);
+    // SAFETY: live (or null), freed once.
+    unsafe { edgepool::raw::free(q) };
+    core::ptr::null_mut()
+}
+
+#[test]
+#[ignore = "run by a_thread_without_a_cache_gets_one_to_keep_a_run in a child process"]
+fn child_no_cache_yet() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let others = start();
+    let hits = edgepool::stats().counters.run_cache_hits;
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: a valid start routine that ignores its argument; the thread is joined below.
+    unsafe {
+        assert_eq!(libc::pthread_create(&mut t, core::ptr::null(), medium_only, core::ptr::null_mut()), 0);
+        assert_eq!(libc::pthread_join(t, core::ptr::null_mut()), 0);
+    }
+    let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Relaxed)).collect();
+    assert_eq!(seen[0], 0, "the thread had runs cached before its first free");
+    assert_eq!(seen[1], 8 * PAGE, "the thread's first free kept no run: {seen:?}");
+    assert_eq!(seen[2], 1, "the second request did not get the cached run back: {seen:?}");
+    assert_eq!(seen[3], 0, "{seen:?}");
+    assert_eq!(edgepool::stats().counters.run_cache_hits, hits + 1);
+    // The thread's exit emptied its cache: the run it freed last, kept there, went back to the heap.
+    assert_eq!(cached_total(), others);
 }
