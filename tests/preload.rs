@@ -58,15 +58,20 @@ fn tool(prog: &str, args: &[&str], so: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `(address, size)` of the section `name` of the ELF file `so`, from `readelf -SW`.
-fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
+/// `(address, file offset, size)` of the section `name` of the ELF file `so`, from `readelf -SW`.
+fn section_header(so: &Path, name: &str) -> Option<(u64, u64, u64)> {
     tool("readelf", &["-SW"], so).lines().find_map(|l| {
         // "  [15] .text.edgepool    PROGBITS        000000000001a4a0 0194a0 01784c 00  AX ..."
         let rest = l.split_once(']')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
-        (f.first() == Some(&name))
-            .then(|| Some((u64::from_str_radix(f[2], 16).ok()?, u64::from_str_radix(f[4], 16).ok()?)))?
+        let hex = |i: usize| u64::from_str_radix(f[i], 16).ok();
+        (f.first() == Some(&name)).then(|| Some((hex(2)?, hex(3)?, hex(4)?)))?
     })
+}
+
+/// `(address, size)` of the section `name` of the ELF file `so`.
+fn section(so: &Path, name: &str) -> Option<(u64, u64)> {
+    section_header(so, name).map(|(addr, _, size)| (addr, size))
 }
 
 /// A private copy of `so` in `dir`, out of the page cache: written back, then dropped, so that a
@@ -117,16 +122,8 @@ fn code_pages(exe: &Path, so: &Path, env: &[(&str, &str)]) -> (Vec<u64>, Vec<u64
 fn the_library_holds_each_table_once() {
     let so = lib();
     let file = std::fs::read(&so).unwrap();
-    // The file offset and size of `.rodata` ("[10] .rodata PROGBITS addr off size ...").
-    let (off, size) = tool("readelf", &["-SW"], &so)
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_once(']')?.1.split_whitespace().collect();
-            (f.first() == Some(&".rodata"))
-                .then(|| Some((usize::from_str_radix(f[3], 16).ok()?, usize::from_str_radix(f[4], 16).ok()?)))?
-        })
-        .expect("no .rodata section");
-    let rodata = &file[off..off + size];
+    let (_, off, size) = section_header(&so, ".rodata").expect("no .rodata section");
+    let rodata = &file[off as usize..(off + size) as usize];
     let count = |needle: &[u8]| rodata.windows(needle.len()).filter(|w| *w == needle).count();
     // SIZE_TO_CLASS, as src/size_class.rs builds it from the public class sizes: entry `i` is the
     // smallest class holding `16 * i` bytes.
