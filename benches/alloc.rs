@@ -8,7 +8,7 @@
 //!   then freed in LIFO, FIFO or shuffled order;
 //! - `realloc_growth`: a buffer grown from 16 B to 1 MiB by steps of ×1.5 (as `Vec` does);
 //! - `producer_consumer`: one thread allocates 64 B objects in batches of 256, another frees them;
-//! - `large/<size>`: malloc/free of 64 KiB and 1 MiB blocks.
+//! - `large/<size>`: malloc/free of 64 KiB, 1 MiB and 8 MiB blocks.
 //!
 //! Reproduce: `cargo bench --bench alloc` then `python3 scripts/bench-table.py`.
 
@@ -192,7 +192,7 @@ fn bench(c: &mut Criterion) {
     }
     {
         let mut g = c.benchmark_group("large");
-        for size in [64usize << 10, 1 << 20] {
+        for size in [64usize << 10, 1 << 20, 8 << 20] {
             for_each_allocator!(g, size, pair, size);
         }
         g.finish();

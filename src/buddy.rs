@@ -57,7 +57,8 @@ pub const SEALED: u8 = 4;
 /// Invariants: for a block head, `kind` is `FREE`, `SLAB`, `META` or `ARENA` and `order` is the
 /// block's order, or `kind` is `LARGE` and the head starts a *run* of `next` pages (any length; the
 /// pages of its tail were given back as free blocks); `prev`/`next` are list links while
-/// `kind == FREE`; the pages inside a block or run other than its head are `NONE` (or `SLAB`/`ARENA`
+/// `kind == FREE`, and the `prev` of the second page of a free block (of two pages or more) is the
+/// number of its dirty pages; the pages inside a block or run other than its head are `NONE` (or `SLAB`/`ARENA`
 /// for every page of a slab or arena chunk).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +98,10 @@ pub const fn bitmap_words(npages: usize) -> usize {
 /// - every page below `frontier` belongs to exactly one block (free or allocated) or one hole
 ///   (`Outside` pages, `hole_pages` in all);
 /// - two free buddies of the same order never coexist: they are merged on release;
+/// - a free block of an order above `MIN_ORDER` keeps the number of its dirty pages in the `prev`
+///   field of its second page's entry (a page inside the block, whose entry nothing else reads while
+///   the block is free; see [`Buddy::block_dirty`]), so that taking it off a list, merging it and
+///   weighing it for a run cost no walk over its bits;
 /// - `free_bytes` is the sum of the sizes of free blocks, `dirty_bytes` the bytes of their dirty
 ///   pages; `taken_dirty` is the number of dirty pages in the block or run the last
 ///   [`Buddy::alloc`] or [`Buddy::alloc_run`] handed out.
@@ -164,16 +169,26 @@ impl Buddy {
 
     /// Calls `f(word, mask)` for the words of the dirty bitmap that pages `[idx, idx + n)` touch, with
     /// the mask of their bits.
+    /// The words between the first and the last come in a loop of their own with the full mask,
+    /// which the compiler unrolls (a mask computed for each word was most of the instructions of
+    /// an 8 MiB allocation's placement under callgrind).
     #[inline]
     fn for_bits(idx: u32, n: u32, mut f: impl FnMut(usize, u64)) {
-        let (mut i, end) = (idx, idx + n);
-        while i < end {
-            let b = i % 64;
-            let len = (64 - b).min(end - i);
-            let mask = if len == 64 { u64::MAX } else { ((1u64 << len) - 1) << b };
-            f((i / 64) as usize, mask);
-            i += len;
+        if n == 0 {
+            return;
         }
+        let (first, last) = ((idx / 64) as usize, ((idx + n - 1) / 64) as usize);
+        let head = u64::MAX << (idx % 64);
+        let tail = u64::MAX >> (63 - (idx + n - 1) % 64);
+        if first == last {
+            f(first, head & tail);
+            return;
+        }
+        f(first, head);
+        for w in first + 1..last {
+            f(w, u64::MAX);
+        }
+        f(last, tail);
     }
 
     /// Dirty pages among `[idx, idx + n)`.
@@ -231,8 +246,10 @@ impl Buddy {
 
     /// Puts the block of `order` at `idx` on its free list. Its `DIRTY` flag comes from the bitmap
     /// (and implies `USED`); the other bits of `flags` are kept.
-    fn push(&mut self, idx: u32, order: u32, flags: u8) {
-        let d = self.count_dirty(idx, pages(order));
+    /// Puts the block of `order` at `idx`, `d` of whose pages are dirty, on its free list (and
+    /// records `d`: [`Buddy::block_dirty`]).
+    fn push(&mut self, idx: u32, order: u32, flags: u8, d: u32) {
+        debug_assert_eq!(d, self.count_dirty(idx, pages(order)));
         let flags = if d > 0 { flags | DIRTY | USED } else { flags & !DIRTY };
         let (l, h) = (list(flags), (order - MIN_ORDER) as usize);
         let old = self.heads[l][h];
@@ -245,6 +262,10 @@ impl Buddy {
             if old != NIL {
                 self.entry_mut(old).prev = idx;
             }
+            if order > MIN_ORDER {
+                // idx + 1 is a page inside the block (Buddy's invariants).
+                self.entry_mut(idx + 1).prev = d;
+            }
         }
         self.heads[l][h] = idx;
         self.nonempty[l] |= 1 << h;
@@ -252,7 +273,20 @@ impl Buddy {
         self.dirty_bytes += d as usize * PAGE;
     }
 
-    fn unlink(&mut self, idx: u32) {
+    /// Dirty pages of the free block at `idx` of `order` (on a list: [`Buddy::push`] recorded them).
+    #[inline]
+    fn block_dirty(&self, idx: u32, order: u32) -> u32 {
+        if order == MIN_ORDER {
+            return self.count_dirty(idx, 1);
+        }
+        // SAFETY: idx + 1 is a page of the free block at idx, below frontier.
+        let d = unsafe { self.entry(idx + 1).prev };
+        debug_assert_eq!(d, self.count_dirty(idx, pages(order)));
+        d
+    }
+
+    /// Takes the free block at `idx` off its list. Returns its dirty pages.
+    fn unlink(&mut self, idx: u32) -> u32 {
         // SAFETY: idx is a free block head below `frontier`; its links are valid list members.
         unsafe {
             let e = self.entry(idx);
@@ -268,12 +302,12 @@ impl Buddy {
             if e.next != NIL {
                 self.entry_mut(e.next).prev = e.prev;
             }
+            let d = if e.flags & DIRTY != 0 { self.block_dirty(idx, e.order as u32) } else { 0 };
             self.entry_mut(idx).kind = PageKind::Interior;
             let n = pages(e.order as u32);
             self.free_bytes -= (n as usize) * PAGE;
-            if e.flags & DIRTY != 0 {
-                self.dirty_bytes -= self.count_dirty(idx, n) as usize * PAGE;
-            }
+            self.dirty_bytes -= d as usize * PAGE;
+            d
         }
     }
 
@@ -328,15 +362,15 @@ impl Buddy {
         (above != 0 && o <= self.top).then_some(o)
     }
 
-    /// Takes a free block of `order` off the lists, splitting a larger one, and returns its head
-    /// and its inherited `USED`/`SEALED` flags; its bits are left as they are, for the caller to
-    /// clear. `None` when no free block is large enough.
+    /// Takes a free block of `order` off the lists, splitting a larger one, and returns its head,
+    /// its inherited `USED`/`SEALED` flags and its dirty pages; its bits are left as they are, for
+    /// the caller to clear. `None` when no free block is large enough.
     ///
     /// Resident memory comes first: the smallest block with a dirty page that fits, and only when
     /// there is none the smallest clean one; a split keeps the half with more dirty pages. Reusing
     /// a dirty page costs no page fault and adds nothing to the resident set. Within the list, the
     /// lowest address of its first few blocks ([`Buddy::lowest_of`]).
-    fn take(&mut self, order: u32) -> Option<(u32, u8)> {
+    fn take(&mut self, order: u32) -> Option<(u32, u8, u32)> {
         let (l, mut o) = match self.smallest(1, order) {
             Some(o) => (1, o),
             None => (0, self.smallest(0, order)?),
@@ -344,18 +378,22 @@ impl Buddy {
         let mut idx = self.lowest_of(self.heads[l][(o - MIN_ORDER) as usize]);
         // SAFETY: idx is a free head below frontier.
         let flags = unsafe { self.entry(idx).flags } & (USED | SEALED);
-        self.unlink(idx);
+        let mut d = self.unlink(idx);
         while o > order {
             o -= 1;
             let half = pages(o);
-            if l == 1 && self.count_dirty(idx + half, half) > self.count_dirty(idx, half) {
-                self.push(idx, o, flags);
+            // Counted only in a block partly dirty.
+            let upper = if d == 0 || d == 2 * half { d / 2 } else { self.count_dirty(idx + half, half) };
+            if l == 1 && upper > d - upper {
+                self.push(idx, o, flags, d - upper);
                 idx += half;
+                d = upper;
             } else {
-                self.push(idx + half, o, flags);
+                self.push(idx + half, o, flags, upper);
+                d -= upper;
             }
         }
-        Some((idx, flags))
+        Some((idx, flags, d))
     }
 
     /// The block at the lowest address among the first `LOWEST_OF` of the free list that starts at
@@ -384,7 +422,7 @@ impl Buddy {
     /// (`DIRTY`: some of its pages are resident, [`Buddy::taken_dirty`] of them; `USED`: may read
     /// non-zero), or `None` when no free block is large enough (the caller then grows the region).
     pub fn alloc(&mut self, order: u32, kind: PageKind) -> Option<(u32, u8)> {
-        let (idx, flags) = self.take(order)?;
+        let (idx, flags, _) = self.take(order)?;
         let d = self.set_dirty(idx, pages(order), false);
         self.taken_dirty = d;
         self.set_head(idx, kind, order, 0);
@@ -401,17 +439,18 @@ impl Buddy {
     ///   are already free would put them on two lists and hand them out twice.) Without `DIRTY`, they
     ///   read as zero unless `USED`.
     pub unsafe fn free(&mut self, idx: u32, order: u32, flags: u8) -> (u32, u32) {
-        self.set_dirty(idx, pages(order), flags & DIRTY != 0);
-        // SAFETY: forwarded contract.
-        unsafe { self.merge_in(idx, order, flags) }
+        let dirty = flags & DIRTY != 0;
+        self.set_dirty(idx, pages(order), dirty);
+        // SAFETY: forwarded contract; the block's pages are all dirty or all clean, as said.
+        unsafe { self.merge_in(idx, order, flags, if dirty { pages(order) } else { 0 }) }
     }
 
     /// Gives the block at `idx` of `order` to the free lists with its pages' dirty bits as they
-    /// are, merged with its free buddies (whatever their state).
+    /// are (`d` of them set), merged with its free buddies (whatever their state).
     ///
     /// # Safety
-    /// - as [`Buddy::free`], the bits of its pages saying which of them are dirty.
-    unsafe fn merge_in(&mut self, mut idx: u32, mut order: u32, flags: u8) -> (u32, u32) {
+    /// - as [`Buddy::free`], the bits of its pages saying which of them are dirty, `d` of them.
+    unsafe fn merge_in(&mut self, mut idx: u32, mut order: u32, flags: u8, mut d: u32) -> (u32, u32) {
         let mut flags = flags & (USED | SEALED);
         // If the block merges with a buddy below it, its head becomes an interior page: clear its kind
         // now so that no stale `LARGE`/`SLAB` entry is left for a later (invalid) free to find.
@@ -427,12 +466,12 @@ impl Buddy {
             if e.kind != PageKind::Free || e.order as u32 != order {
                 break;
             }
-            self.unlink(b);
+            d += self.unlink(b);
             flags |= e.flags & (USED | SEALED);
             idx = idx.min(b);
             order += 1;
         }
-        self.push(idx, order, flags);
+        self.push(idx, order, flags, d);
         (idx, order)
     }
 
@@ -450,23 +489,35 @@ impl Buddy {
     /// - `start < end <= frontier`, and every page of `[start, end)` is allocated to the caller (a
     ///   block, a run or part of one), who gives them up.
     pub unsafe fn release_range(&mut self, start: u32, end: u32, flags: u8) {
-        self.set_dirty(start, end - start, flags & DIRTY != 0);
+        let dirty = flags & DIRTY != 0;
+        self.set_dirty(start, end - start, dirty);
         // SAFETY: forwarded contract; the bits now say what `flags` says.
-        unsafe { self.merge_range(start, end, flags) }
+        unsafe { self.merge_range(start, end, flags, if dirty { end - start } else { 0 }) }
     }
 
-    /// [`Buddy::release_range`] with the pages' dirty bits kept as they are.
+    /// [`Buddy::release_range`] with the pages' dirty bits kept as they are, `d` of them set.
+    /// The bits of a piece are counted only where the range is partly dirty, and never those of its
+    /// last piece (the largest, when the range is a block's tail).
     ///
     /// # Safety
-    /// - as [`Buddy::release_range`], the bits saying which pages are dirty.
-    unsafe fn merge_range(&mut self, start: u32, end: u32, flags: u8) {
+    /// - as [`Buddy::release_range`], the bits saying which pages are dirty, `d` of them.
+    unsafe fn merge_range(&mut self, start: u32, end: u32, flags: u8, mut d: u32) {
         let mut i = start;
         while i < end {
             let o = self.fit_order(i, end);
+            let next = i + pages(o);
+            let here = if d == 0 || next == end {
+                d
+            } else if d == end - i {
+                pages(o)
+            } else {
+                self.count_dirty(i, pages(o))
+            };
+            d -= here;
             // SAFETY: the aligned block [i, i + 2^o) lies inside [start, end) (fit_order), allocated
-            // to the caller (contract).
-            unsafe { self.merge_in(i, o, flags) };
-            i += pages(o);
+            // to the caller (contract), `here` of its pages dirty.
+            unsafe { self.merge_in(i, o, flags, here) };
+            i = next;
         }
     }
 
@@ -492,8 +543,11 @@ impl Buddy {
             return None;
         }
         if dirtiest && align_order == MIN_ORDER && n >= DIRTIEST_MIN {
-            if let Some(lo) = self.dirtiest_run(n, order) {
-                return Some(self.take_at(lo, n, order));
+            if let Some((lo, block)) = self.dirtiest_run(n, order) {
+                return Some(match block {
+                    Some((h, end)) => self.take_span(h, lo, end, n, order),
+                    None => self.take_at(lo, n, order),
+                });
             }
         }
         if align_order == MIN_ORDER && self.smallest(1, order).is_none() {
@@ -501,15 +555,23 @@ impl Buddy {
                 return Some(got);
             }
         }
-        let (idx, mut flags) = self.take(order)?;
+        let (idx, mut flags, mut d) = self.take(order)?;
         let mut lo = idx;
         let top_end = idx + pages(order) - n;
-        if align_order == MIN_ORDER && n < pages(order) && self.count_dirty(top_end, n) > self.count_dirty(idx, n) {
+        let high = if align_order == MIN_ORDER && n < pages(order) && d > 0 {
+            let high = self.count_dirty(top_end, n);
+            (high > self.count_dirty(idx, n)).then_some(high)
+        } else {
+            None
+        };
+        if let Some(high) = high {
             // The block's resident pages are at its end: the run goes there, and the pages below it
             // go back.
             lo = top_end;
-            // SAFETY: `[idx, lo)` are pages of the block just taken, ours, their bits as they were.
-            unsafe { self.merge_range(idx, lo, flags) };
+            // SAFETY: `[idx, lo)` are pages of the block just taken, ours, their bits as they were:
+            // `d - high` of them set.
+            unsafe { self.merge_range(idx, lo, flags, d - high) };
+            d = high;
         } else if align_order == MIN_ORDER && n < pages(order) {
             // Slide the run down over the free blocks that end right below the block (the tails
             // earlier runs gave back; at most one block's worth): runs of one odd size then pack end
@@ -523,7 +585,7 @@ impl Buddy {
                 }
                 // SAFETY: h is a free head below frontier.
                 let f = unsafe { self.entry(h).flags };
-                self.unlink(h);
+                d += self.unlink(h);
                 flags |= f & (USED | SEALED);
                 lo = h;
             }
@@ -531,13 +593,14 @@ impl Buddy {
         // SAFETY: `[lo, idx + pages(order))` is ours: the block just taken at `idx` and, where the run
         // slid down, the free blocks below it unlinked above (or, placed at the block's end, the
         // pages below `lo` went back and `lo + n` is the block's end); `n <= pages(order)`, so the
-        // run ends inside it. The pages' bits are as they were; all below frontier.
-        Some(unsafe { self.make_run(lo, n, idx + pages(order), order, flags) })
+        // run ends inside it. The pages' bits are as they were (`d` of them set); all below frontier.
+        Some(unsafe { self.make_run(lo, n, idx + pages(order), order, flags, d) })
     }
 
     /// The first page of the placement of a run of `n` pages (needing a block of `order`) over free
-    /// pages that covers the most dirty ones, or `None` when the candidates below hold no dirty page
-    /// in a stretch of free pages that long.
+    /// pages that covers the most dirty ones, with the free block `[head, end)` that holds it when it
+    /// lies in one (else the caller finds the blocks, [`Buddy::take_at`]), or `None` when the
+    /// candidates below hold no dirty page in a stretch of free pages that long.
     ///
     /// Where a request is placed decides how much of it faults in: a freed run's pages wait dirty,
     /// but a buddy block of the next request's order rarely holds them (a freed 5 MiB run lies
@@ -551,15 +614,16 @@ impl Buddy {
     /// the lowest address. The suite's `malloc_large` (64 KiB-32 MiB blocks in a loop): 188k page
     /// faults to 101k at the same purge policy; in `mstress` the scan costs no time measurably.
     /// (Unbounded walks down and 32 blocks of each order took 29 % of `mstress`'s samples.)
-    fn dirtiest_run(&self, n: u32, order: u32) -> Option<u32> {
+    fn dirtiest_run(&self, n: u32, order: u32) -> Option<(u32, Option<(u32, u32)>)> {
         const PER_ORDER: usize = 8;
         const BACK_STEPS: usize = 4;
-        // (dirty pages, stretch length, first page) of the best window so far.
-        let mut best: Option<(u32, u32, u32)> = None;
-        let consider = |best: &mut Option<(u32, u32, u32)>, d: u32, len: u32, p: u32| {
+        type Window = (u32, u32, u32, Option<(u32, u32)>);
+        // (dirty pages, stretch length, first page, the block holding it) of the best window so far.
+        let mut best: Option<Window> = None;
+        let consider = |best: &mut Option<Window>, d: u32, len: u32, p: u32, block: Option<(u32, u32)>| {
             let key = (d, core::cmp::Reverse(len), core::cmp::Reverse(p));
-            if d > 0 && best.is_none_or(|(bd, bl, bp)| key > (bd, core::cmp::Reverse(bl), core::cmp::Reverse(bp))) {
-                *best = Some((d, len, p));
+            if d > 0 && best.is_none_or(|(bd, bl, bp, _)| key > (bd, core::cmp::Reverse(bl), core::cmp::Reverse(bp))) {
+                *best = Some((d, len, p, block));
             }
         };
         let lowest = order.saturating_sub(4).max(MIN_ORDER);
@@ -570,9 +634,15 @@ impl Buddy {
                 if h == NIL {
                     break;
                 }
+                // A window holds at most the dirty pages its free pages hold, which the blocks record:
+                // where that is fewer than the best so far, it is not counted.
                 if size >= n {
-                    for p in [h, h + size - n] {
-                        consider(&mut best, self.count_dirty(p, n), size, p);
+                    let bd = self.block_dirty(h, o);
+                    if best.is_none_or(|b| bd >= b.0) {
+                        for p in [h, h + size - n] {
+                            let d = if bd == size { n } else { self.count_dirty(p, n) };
+                            consider(&mut best, d, size, p, Some((h, h + size)));
+                        }
                     }
                 } else {
                     let end = self.free_end(h, n);
@@ -584,10 +654,12 @@ impl Buddy {
                         let Some((b, _)) = self.free_block_at(lo - 1) else { break };
                         lo = b;
                     }
-                    if end - lo >= n {
-                        // Every page of `[lo, end)` is free (blocks end to end), below frontier.
+                    // Every page of `[lo, end)` is free (blocks end to end), below frontier.
+                    let sd = if end - lo >= n { self.stretch_dirty(lo, end) } else { 0 };
+                    if sd > 0 && best.is_none_or(|b| sd >= b.0) {
                         for p in [lo, h.min(end - n), end - n] {
-                            consider(&mut best, self.count_dirty(p, n), end - lo, p);
+                            let d = if sd == end - lo { n } else { self.count_dirty(p, n) };
+                            consider(&mut best, d, end - lo, p, None);
                         }
                     }
                 }
@@ -598,7 +670,20 @@ impl Buddy {
                 break;
             }
         }
-        best.map(|b| b.2)
+        best.map(|b| (b.2, b.3))
+    }
+
+    /// Dirty pages of the free blocks that tile `[lo, end)` (as [`Buddy::free_end`] found them), from
+    /// what each block records.
+    fn stretch_dirty(&self, lo: u32, end: u32) -> u32 {
+        let (mut i, mut d) = (lo, 0);
+        while i < end {
+            // SAFETY: i heads one of the free blocks tiling `[lo, end)`, below frontier.
+            let o = unsafe { self.entry(i) }.order as u32;
+            d += self.block_dirty(i, o);
+            i += pages(o);
+        }
+        d
     }
 
     /// Makes `[lo, lo + n)` a run (head `LARGE` with `next = n`, its dirty bits cleared and counted
@@ -607,16 +692,17 @@ impl Buddy {
     ///
     /// # Safety
     /// - the pages `[lo, end)` are below frontier, on no free list and the caller's (taken off the
-    ///   lists for this run), their dirty bits saying which are dirty; `lo + n <= end`.
-    unsafe fn make_run(&mut self, lo: u32, n: u32, end: u32, order: u32, flags: u8) -> (u32, u8) {
+    ///   lists for this run), their dirty bits saying which are dirty, `span_dirty` of them;
+    ///   `lo + n <= end`.
+    unsafe fn make_run(&mut self, lo: u32, n: u32, end: u32, order: u32, flags: u8, span_dirty: u32) -> (u32, u8) {
         let d = self.set_dirty(lo, n, false);
         self.taken_dirty = d;
         self.set_head(lo, PageKind::Large, order, 0);
         // SAFETY: the caller's contract: the pages beyond the run are ours to give back, below
-        // frontier, their bits as they were.
+        // frontier, their bits as they were (the span's but the run's).
         unsafe {
             if lo + n < end {
-                self.merge_range(lo + n, end, flags);
+                self.merge_range(lo + n, end, flags, span_dirty - d);
             }
             self.entry_mut(lo).next = n;
         }
@@ -730,23 +816,26 @@ impl Buddy {
     /// them ([`Buddy::make_run`]), giving `[first, lo)` and `[lo + n, end)` back.
     fn take_span(&mut self, first: u32, lo: u32, end: u32, n: u32, order: u32) -> (u32, u8) {
         debug_assert!(first <= lo && lo + n <= end);
-        let mut flags = 0;
+        let (mut flags, mut d) = (0, 0);
         let mut i = first;
         while i < end {
             // SAFETY: `[first, end)` is tiled by free blocks below frontier (the callers' walks).
             let e = unsafe { self.entry(i) };
             debug_assert_eq!(e.kind, PageKind::Free);
             flags |= e.flags & (USED | SEALED);
-            self.unlink(i);
+            d += self.unlink(i);
             i += pages(e.order as u32);
         }
         // SAFETY: the blocks tiling `[first, end)` were unlinked above, so its pages are ours, below
-        // frontier, their bits as they were; `first <= lo` and `lo + n <= end` (the callers' walks).
+        // frontier, their bits as they were (`d` of them set); `first <= lo` and `lo + n <= end`
+        // (the callers' walks).
         unsafe {
             if first < lo {
-                self.merge_range(first, lo, flags);
+                let below = if d == 0 { 0 } else { self.count_dirty(first, lo - first) };
+                self.merge_range(first, lo, flags, below);
+                d -= below;
             }
-            self.make_run(lo, n, end, order, flags)
+            self.make_run(lo, n, end, order, flags, d)
         }
     }
 
@@ -785,11 +874,12 @@ impl Buddy {
         unsafe {
             let n = self.run_pages(idx);
             self.set_dirty(idx, n, true);
+            let mut d = n;
             for &(at, m) in gone {
                 debug_assert!(at + m <= n);
-                self.set_dirty(idx + at.min(n), m.min(n - at.min(n)), false);
+                d -= self.set_dirty(idx + at.min(n), m.min(n - at.min(n)), false);
             }
-            self.merge_range(idx, idx + n, USED);
+            self.merge_range(idx, idx + n, USED, d);
         }
     }
 
@@ -833,13 +923,13 @@ impl Buddy {
                 let Some((h, o)) = self.free_block_at(i) else { os::broken("resize_run: a page checked free is not") };
                 // SAFETY: h is a free head below frontier.
                 let flags = unsafe { self.entry(h).flags };
-                self.unlink(h);
+                let d = self.unlink(h);
                 let hi = h + pages(o);
-                self.set_dirty(h, hi.min(end) - h, false);
+                let claimed = self.set_dirty(h, hi.min(end) - h, false);
                 if hi > end {
                     // SAFETY: [end, hi) is the tail of the free block just unlinked, so ours to give
-                    // back, its bits as they were.
-                    unsafe { self.merge_range(end, hi, flags) };
+                    // back, its bits as they were (the block's but the claimed ones').
+                    unsafe { self.merge_range(end, hi, flags, d - claimed) };
                 }
                 i = hi.min(end);
             }
@@ -866,7 +956,7 @@ impl Buddy {
                     break;
                 }
                 let order = h as u32 + MIN_ORDER;
-                let dirty = self.count_dirty(idx, pages(order)) as usize * PAGE;
+                let dirty = self.block_dirty(idx, order) as usize * PAGE;
                 let Some(extra) = purge(idx, order, dirty) else {
                     // The OS refused: leave this order's blocks dirty rather than retry forever.
                     break;
@@ -891,9 +981,8 @@ impl Buddy {
         let idx = self.heads[1][h];
         // SAFETY: idx heads a non-empty free list, so it is a free head below frontier.
         let flags = unsafe { self.entry(idx).flags };
-        self.unlink(idx);
+        let dirty = self.unlink(idx) as usize * PAGE;
         let order = h as u32 + MIN_ORDER;
-        let dirty = self.count_dirty(idx, pages(order)) as usize * PAGE;
         self.set_head(idx, PageKind::Meta, order, 0);
         Some((idx, order, flags, dirty))
     }
@@ -909,10 +998,13 @@ impl Buddy {
         // SAFETY: taken by take_dirty, so allocated to the caller, who gives it up; its bits were
         // kept meanwhile, and are cleared once it was purged.
         unsafe {
-            if flags & DIRTY == 0 {
+            let d = if flags & DIRTY == 0 {
                 self.set_dirty(idx, pages(order), false);
-            }
-            self.merge_in(idx, order, flags);
+                0
+            } else {
+                self.count_dirty(idx, pages(order))
+            };
+            self.merge_in(idx, order, flags, d);
         }
     }
 
@@ -971,6 +1063,10 @@ impl Buddy {
                 let d = self.count_dirty(idx, pages(order)) as usize;
                 if (d > 0) != (e.flags & DIRTY != 0) {
                     return Err("a free block's DIRTY flag disagrees with its pages' bits");
+                }
+                // SAFETY: idx + 1 is a page of the block, below frontier.
+                if order > MIN_ORDER && unsafe { self.entry(idx + 1).prev } as usize != d {
+                    return Err("a free block's recorded dirty pages disagree with its bits");
                 }
                 if d > 0 && e.flags & USED == 0 {
                     return Err("a dirty free block not marked USED");
@@ -1078,6 +1174,25 @@ mod tests {
         f(&mut b);
         drop(map);
         drop(bits);
+    }
+
+    #[test]
+    fn bit_ranges_cover_exactly_their_pages() {
+        for idx in 0..200u32 {
+            for n in 0..200u32 {
+                let mut got = [0u64; 7];
+                Buddy::for_bits(idx, n, |w, m| {
+                    assert_eq!(got[w] & m, 0, "word {w} given twice for {idx}+{n}");
+                    assert_ne!(m, 0, "an empty mask for {idx}+{n}");
+                    got[w] |= m;
+                });
+                let mut want = [0u64; 7];
+                for i in idx..idx + n {
+                    want[(i / 64) as usize] |= 1 << (i % 64);
+                }
+                assert_eq!(got, want, "pages {idx}+{n}");
+            }
+        }
     }
 
     #[test]
@@ -1539,7 +1654,15 @@ mod tests {
                         continue;
                     }
                     live.swap_remove(k);
-                    if o == 0 {
+                    if o == 0 && r % 4 == 2 {
+                        // Some of its pages moved out or purged: they go back clean, the rest dirty.
+                        // SAFETY: `i` heads a live run of ours, given up here; the ranges lie inside it.
+                        let n = unsafe { b.run_pages(i) };
+                        let (at, m) = ((rnd() % n as u64) as u32, (rnd() % 8) as u32);
+                        let gone = [(at, m.min(n - at)), (0, (rnd() % 3) as u32 % (n + 1))];
+                        // SAFETY: as above; the test's pages hold nothing.
+                        unsafe { b.free_run_cleaned(i, &gone) };
+                    } else if o == 0 {
                         free_run(b, i);
                     } else {
                         free(b, i, o, if rnd() % 2 == 0 { DIRTY } else { 0 });
@@ -1553,6 +1676,18 @@ mod tests {
                     let cleaned = b.purge(64 << 10, |_, _, _| Some(0));
                     assert!(cleaned >= (64 << 10).min(before));
                     assert_eq!(b.dirty_bytes, before - cleaned);
+                }
+                if step % 301 == 0 {
+                    // A dirty block taken out to be purged, put back purged or (the OS refused) dirty.
+                    let before = b.dirty_bytes;
+                    if let Some((i, o, f, dirty)) = b.take_dirty() {
+                        assert_eq!(b.dirty_bytes, before - dirty);
+                        let f = if rnd() % 2 == 0 { f & !DIRTY } else { f };
+                        // SAFETY: taken by take_dirty just above and put back once.
+                        unsafe { b.put_back(i, o, f) };
+                        let kept = if f & DIRTY != 0 { dirty } else { 0 };
+                        assert_eq!(b.dirty_bytes, before - dirty + kept);
+                    }
                 }
             }
             for (i, o) in live.drain(..) {
