@@ -58,8 +58,8 @@ pub const SEALED: u8 = 4;
 /// block's order, or `kind` is `LARGE` and the head starts a *run* of `next` pages (any length; the
 /// pages of its tail were given back as free blocks); `prev`/`next` are list links while
 /// `kind == FREE`, and the `prev` of the second page of a free block (of two pages or more) is the
-/// number of its dirty pages; the pages inside a block or run other than its head are `NONE` (or `SLAB`/`ARENA`
-/// for every page of a slab or arena chunk).
+/// number of its dirty pages; the pages inside a block or run other than its head are `NONE` (or
+/// `SLAB`/`ARENA` for every page of a slab or arena chunk).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PageEntry {
@@ -169,6 +169,7 @@ impl Buddy {
 
     /// Calls `f(word, mask)` for the words of the dirty bitmap that pages `[idx, idx + n)` touch, with
     /// the mask of their bits.
+    ///
     /// The words between the first and the last come in a loop of their own with the full mask,
     /// which the compiler unrolls (a mask computed for each word was most of the instructions of
     /// an 8 MiB allocation's placement under callgrind).
@@ -244,10 +245,9 @@ impl Buddy {
         e.load = 0;
     }
 
-    /// Puts the block of `order` at `idx` on its free list. Its `DIRTY` flag comes from the bitmap
-    /// (and implies `USED`); the other bits of `flags` are kept.
-    /// Puts the block of `order` at `idx`, `d` of whose pages are dirty, on its free list (and
-    /// records `d`: [`Buddy::block_dirty`]).
+    /// Puts the block of `order` at `idx`, `d` of whose pages are dirty, on its free list, and
+    /// records `d` ([`Buddy::block_dirty`]). Its `DIRTY` flag comes from `d` (and implies `USED`);
+    /// the other bits of `flags` are kept.
     fn push(&mut self, idx: u32, order: u32, flags: u8, d: u32) {
         debug_assert_eq!(d, self.count_dirty(idx, pages(order)));
         let flags = if d > 0 { flags | DIRTY | USED } else { flags & !DIRTY };
