@@ -201,6 +201,18 @@ impl Buddy {
         c
     }
 
+    /// Dirty pages among `[idx, idx + n)`, part of a span of `len` pages `d` of which are dirty:
+    /// counted only where the span is partly dirty (its free blocks record `d`: [`Buddy::block_dirty`]).
+    fn dirty_within(&self, idx: u32, n: u32, d: u32, len: u32) -> u32 {
+        if d == 0 {
+            0
+        } else if d == len {
+            n
+        } else {
+            self.count_dirty(idx, n)
+        }
+    }
+
     /// Marks pages `[idx, idx + n)` dirty (`on`) or clean. Returns how many were dirty before.
     fn set_dirty(&mut self, idx: u32, n: u32, on: bool) -> u32 {
         let mut c = 0;
@@ -382,8 +394,7 @@ impl Buddy {
         while o > order {
             o -= 1;
             let half = pages(o);
-            // Counted only in a block partly dirty.
-            let upper = if d == 0 || d == 2 * half { d / 2 } else { self.count_dirty(idx + half, half) };
+            let upper = self.dirty_within(idx + half, half, d, 2 * half);
             if l == 1 && upper > d - upper {
                 self.push(idx, o, flags, d - upper);
                 idx += half;
@@ -506,13 +517,7 @@ impl Buddy {
         while i < end {
             let o = self.fit_order(i, end);
             let next = i + pages(o);
-            let here = if d == 0 || next == end {
-                d
-            } else if d == end - i {
-                pages(o)
-            } else {
-                self.count_dirty(i, pages(o))
-            };
+            let here = if next == end { d } else { self.dirty_within(i, pages(o), d, end - i) };
             d -= here;
             // SAFETY: the aligned block [i, i + 2^o) lies inside [start, end) (fit_order), allocated
             // to the caller (contract), `here` of its pages dirty.
@@ -640,8 +645,7 @@ impl Buddy {
                     let bd = self.block_dirty(h, o);
                     if best.is_none_or(|b| bd >= b.0) {
                         for p in [h, h + size - n] {
-                            let d = if bd == size { n } else { self.count_dirty(p, n) };
-                            consider(&mut best, d, size, p, Some((h, h + size)));
+                            consider(&mut best, self.dirty_within(p, n, bd, size), size, p, Some((h, h + size)));
                         }
                     }
                 } else {
@@ -658,8 +662,7 @@ impl Buddy {
                     let sd = if end - lo >= n { self.stretch_dirty(lo, end) } else { 0 };
                     if sd > 0 && best.is_none_or(|b| sd >= b.0) {
                         for p in [lo, h.min(end - n), end - n] {
-                            let d = if sd == end - lo { n } else { self.count_dirty(p, n) };
-                            consider(&mut best, d, end - lo, p, None);
+                            consider(&mut best, self.dirty_within(p, n, sd, end - lo), end - lo, p, None);
                         }
                     }
                 }
@@ -831,7 +834,7 @@ impl Buddy {
         // (the callers' walks).
         unsafe {
             if first < lo {
-                let below = if d == 0 { 0 } else { self.count_dirty(first, lo - first) };
+                let below = self.dirty_within(first, lo - first, d, end - first);
                 self.merge_range(first, lo, flags, below);
                 d -= below;
             }
