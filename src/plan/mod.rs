@@ -188,10 +188,13 @@ fn check_input(tensors: &[Tensor]) -> Result<(), PlanError> {
 /// The most bytes live at any one op.
 pub fn lower_bound(tensors: &[Tensor]) -> u64 {
     // Sweep: +size at first, -size after last.
-    let mut events: Vec<(u32, i8, u64)> = Vec::with_capacity(tensors.len() * 2);
+    // Ops as u64: the op after a tensor's last may be 2^32 (a tensor living at op `u32::MAX` ended
+    // at that op itself when this saturated, before its own start: a bound too low, or a panic on
+    // the subtraction in a debug build).
+    let mut events: Vec<(u64, i8, u64)> = Vec::with_capacity(tensors.len() * 2);
     for t in tensors {
-        events.push((t.first, 1, t.size));
-        events.push((t.last.saturating_add(1), -1, t.size));
+        events.push((t.first as u64, 1, t.size));
+        events.push((t.last as u64 + 1, -1, t.size));
     }
     // At the same op, ends (of tensors that died before it) come before starts.
     events.sort_by_key(|&(op, kind, _)| (op, kind));
@@ -1502,6 +1505,20 @@ mod tests {
         let p = plan(&odd).unwrap();
         validate(&odd, &p.offsets, p.arena_size).unwrap();
         assert_eq!((p.arena_size, p.lower_bound), (300, 300));
+    }
+
+    #[test]
+    fn the_lower_bound_counts_tensors_at_the_last_op_number() {
+        // The op after a tensor living at op `u32::MAX` is 2^32: when it saturated to `u32::MAX`, the
+        // tensor ended before it started, and the bound came out 100 here (a panic in a debug build).
+        let m = u32::MAX;
+        let ts = vec![t("a", 100, 5, m), t("b", 50, m, m)];
+        assert_eq!(lower_bound(&ts), 150);
+        assert_eq!(lower_bound(&[t("c", 7, m, m)]), 7);
+        for s in Strategy::ALL {
+            let p = plan_with(&ts, s, Budget::default()).unwrap();
+            assert_eq!((p.arena_size, p.lower_bound, p.best_bound), (150, 150, 150), "{}", s.name());
+        }
     }
 
     #[test]
