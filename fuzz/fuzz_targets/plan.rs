@@ -1,0 +1,106 @@
+//! Coverage-guided fuzzing of the memory planner (`edgepool::plan`): the fuzzer's bytes are a list of
+//! tensors (sizes from zero to near `u64::MAX`, lifetimes dense, short, spread over the whole `u32`
+//! range or at its very end, alignments good and bad) and a strategy. Every strategy must answer
+//! an invalid list with its error and a valid one with a valid plan, and never panic. A plan's
+//! figures are checked against this file's own sums: the lower bound (the most bytes live at one
+//! op, summed at each tensor's first op), the naive total, the arena (the highest end), and the
+//! claims of `proven_optimal` and `best_bound`. Run with `scripts/fuzz.sh SECONDS 1 plan`.
+#![no_main]
+
+use edgepool::plan::{lower_bound, naive_total, plan_with, validate, Budget, PlanError, Strategy, Tensor};
+use libfuzzer_sys::fuzz_target;
+use std::time::Duration;
+
+/// Bytes per tensor in the input.
+const RECORD: usize = 8;
+/// Tensors at most (the search's cost grows fast with their number).
+const MAX_TENSORS: usize = 40;
+
+fn tensor(k: usize, r: &[u8]) -> Tensor {
+    let (s, f, l) =
+        (u16::from_le_bytes([r[0], r[1]]), u16::from_le_bytes([r[2], r[3]]), u16::from_le_bytes([r[4], r[5]]));
+    let (a, kind) = (r[6], r[7]);
+    let size = match kind & 3 {
+        0 => s as u64,
+        1 => (s as u64) << 12,
+        2 => u64::MAX >> (s % 64),
+        _ => 0,
+    };
+    let (first, last) = match (kind >> 2) & 3 {
+        // Dense, in any order (`last < first` is an error).
+        0 => (f as u32 % 64, l as u32 % 64),
+        // Short lifetimes.
+        1 => (f as u32 % 256, f as u32 % 256 + l as u32 % 4),
+        // Spread over the whole range of op numbers.
+        2 => (f as u32 * 65_537, (f as u32 * 65_537).saturating_add(l as u32 * 65_537)),
+        // At the very end of it.
+        _ => (u32::MAX - f as u32 % 8, u32::MAX - (f as u32 % 8).min(l as u32 % 8)),
+    };
+    let align = match a {
+        0..=127 => 1,
+        255 => 0,
+        254 => 3 << (a % 8),
+        _ => 1u64 << (a % 66).min(63),
+    };
+    Tensor { align, ..Tensor::new(format!("t{k}"), size, first, last) }
+}
+
+/// The most bytes live at one op: the peak is at some tensor's first op.
+fn peak(ts: &[Tensor]) -> u64 {
+    ts.iter()
+        .map(|at| ts.iter().filter(|t| t.first <= at.first && at.first <= t.last).map(|t| t.size).sum())
+        .max()
+        .unwrap_or(0)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&head, rest)) = data.split_first() else { return };
+    let strategy = Strategy::ALL[head as usize % Strategy::ALL.len()];
+    let ts: Vec<Tensor> = rest.chunks_exact(RECORD).take(MAX_TENSORS).enumerate().map(|(k, r)| tensor(k, r)).collect();
+    let budget = Budget {
+        max_steps: 300,
+        max_nodes: 2_000,
+        max_time: Duration::from_millis(if head & 0x80 != 0 { 5 } else { 30 }),
+        seed: head as u64,
+    };
+    let result = plan_with(&ts, strategy, budget);
+    let bad = ts.iter().any(|t| t.last < t.first || !t.align.is_power_of_two());
+    let overflow = ts.iter().try_fold(0u64, |acc, t| acc.checked_add(t.size)?.checked_add(t.align)).is_none();
+    // Either error where the list has both faults (the first one met is reported).
+    match (bad, overflow) {
+        (false, false) => {}
+        (true, false) => {
+            assert!(matches!(result, Err(PlanError::BadTensor { .. })), "{strategy:?} {ts:?}: {result:?}");
+            return;
+        }
+        (false, true) => {
+            assert!(matches!(result, Err(PlanError::Overflow)), "{strategy:?} {ts:?}: {result:?}");
+            return;
+        }
+        (true, true) => {
+            assert!(
+                matches!(result, Err(PlanError::BadTensor { .. } | PlanError::Overflow)),
+                "{strategy:?} {ts:?}: {result:?}"
+            );
+            return;
+        }
+    }
+    let p = match result {
+        Ok(p) => p,
+        Err(e) => panic!("{strategy:?} {ts:?}: {e}"),
+    };
+    validate(&ts, &p.offsets, p.arena_size).unwrap_or_else(|e| panic!("{strategy:?} {ts:?}: {e}"));
+    let lb = peak(&ts);
+    let top = ts.iter().zip(&p.offsets).map(|(t, &o)| o + t.size).max().unwrap_or(0);
+    assert_eq!(lower_bound(&ts), lb, "{ts:?}");
+    assert_eq!(p.lower_bound, lb, "{strategy:?} {ts:?}");
+    assert_eq!(p.naive_total, ts.iter().map(|t| t.size).sum::<u64>(), "{ts:?}");
+    assert_eq!(naive_total(&ts), p.naive_total);
+    assert_eq!(p.arena_size, top, "{strategy:?} {ts:?}: the arena is the highest end");
+    assert!(lb <= p.best_bound && p.best_bound <= p.arena_size, "{strategy:?} {ts:?}: {p:?}");
+    assert_eq!(p.proven_optimal, p.best_bound == p.arena_size, "{strategy:?} {ts:?}: {p:?}");
+    if p.arena_size == lb {
+        assert!(p.proven_optimal, "{strategy:?} {ts:?}: {p:?}");
+    }
+    assert_eq!(p.strategy, strategy);
+});
