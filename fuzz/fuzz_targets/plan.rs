@@ -4,10 +4,14 @@
 //! an invalid list with its error and a valid one with a valid plan, and never panic. A plan's
 //! figures are checked against this file's own sums: the lower bound (the most bytes live at one
 //! op, summed at each tensor's first op), the naive total, the arena (the highest end), and the
-//! claims of `proven_optimal` and `best_bound`. Run with `scripts/fuzz.sh SECONDS 1 plan`.
+//! claims of `proven_optimal` and `best_bound`. A small plan's arena (`PlannedArena`) is made, and
+//! the tensors live at each op write and read back their slices. Run with
+//! `scripts/fuzz.sh SECONDS 1 plan`.
 #![no_main]
 
-use edgepool::plan::{lower_bound, naive_total, plan_with, validate, Budget, PlanError, Strategy, Tensor};
+use edgepool::plan::{
+    lower_bound, naive_total, plan_with, validate, ArenaError, Budget, PlanError, PlannedArena, Strategy, Tensor,
+};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -103,4 +107,30 @@ fuzz_target!(|data: &[u8]| {
         assert!(p.proven_optimal, "{strategy:?} {ts:?}: {p:?}");
     }
     assert_eq!(p.strategy, strategy);
+    // The arena of a small plan (any alignment: one the allocator cannot give is an error, not a
+    // crash): each tensor's slice where the plan put it, and the tensors live at one op each
+    // keeping their own bytes.
+    if p.arena_size <= 1 << 20 {
+        match PlannedArena::new(&ts, &p, head & 0x40 != 0) {
+            Err(ArenaError::OutOfMemory { .. }) => {}
+            Err(e) => panic!("{ts:?}: {e}"),
+            Ok(mut arena) => {
+                assert_eq!(arena.size() as u64, p.arena_size);
+                assert_eq!(arena.as_ptr() as usize % arena.align(), 0);
+                for (k, (t, &o)) in ts.iter().zip(&p.offsets).enumerate() {
+                    // Ids are unique here (`t{k}`).
+                    assert_eq!(arena.range(&t.id), Some((o as usize, t.size as usize)), "{k}");
+                }
+                for at in &ts {
+                    let live: Vec<&Tensor> = ts.iter().filter(|t| t.first <= at.first && at.first <= t.last).collect();
+                    for (k, t) in live.iter().enumerate() {
+                        arena.slice_mut(&t.id).expect("every id").fill(k as u8);
+                    }
+                    for (k, t) in live.iter().enumerate() {
+                        assert!(arena.slice(&t.id).expect("every id").iter().all(|&b| b == k as u8), "{ts:?}");
+                    }
+                }
+            }
+        }
+    }
 });
