@@ -7,9 +7,11 @@
 //! claims of `proven_optimal` and `best_bound` (against the optimum itself, found by trying every
 //! order, for up to six tensors). A small plan's arena (`PlannedArena`) is made, and
 //! the tensors live at each op write and read back their slices. Run with
-//! `scripts/fuzz.sh SECONDS 1 plan`.
+//! `scripts/fuzz.sh SECONDS 1 plan`. With bit 0x20 of the first byte, the list is instead a hard
+//! instance of `edgepool::plan::hard`, changed here and there (`generated`).
 #![no_main]
 
+use edgepool::plan::hard::{self, HardSpec};
 use edgepool::plan::{
     lower_bound, naive_total, plan_with, validate, ArenaError, Budget, PlanError, PlannedArena, Strategy, Tensor,
 };
@@ -48,6 +50,32 @@ fn tensor(k: usize, r: &[u8]) -> Tensor {
         _ => 1u64 << (a % 66).min(63),
     };
     Tensor { align, ..Tensor::new(format!("t{k}"), size, first, last) }
+}
+
+/// An instance of `edgepool::plan::hard` (full at every op, so the tiling search runs too) from the
+/// first 11 bytes (kind, count, unit, bound, seed), then changed by each 3 bytes after them: a
+/// tensor made smaller, living an op longer, or given an alignment (which leaves room at some ops,
+/// for the other searches).
+fn generated(r: &[u8]) -> Vec<Tensor> {
+    let Some((spec, edits)) = r.split_first_chunk::<11>() else { return Vec::new() };
+    let seed = u64::from_le_bytes(spec[3..11].try_into().expect("8 bytes"));
+    let hard = HardSpec {
+        tensors: 1 + spec[0] as usize % 150,
+        unit: 1 << (spec[1] % 16),
+        bound: (1 + spec[2] as u64 % 64) << (spec[1] % 16 + spec[1] / 16),
+        seed,
+    };
+    let mut ts = if seed & 1 == 0 { hard::tiling(hard) } else { hard::guillotine(hard) };
+    for e in edits.chunks_exact(3) {
+        let n = ts.len();
+        let t = &mut ts[e[0] as usize % n];
+        match e[1] % 3 {
+            0 => t.size -= t.size * (e[2] as u64 % 8) / 8,
+            1 => t.last = t.last.saturating_add(1),
+            _ => t.align = 1 << (e[2] % 24),
+        }
+    }
+    ts
 }
 
 /// The smallest arena of any plan, for a few tensors: the lowest-offset fit over every order (the
@@ -112,7 +140,11 @@ fn peak(ts: &[Tensor]) -> u64 {
 fuzz_target!(|data: &[u8]| {
     let Some((&head, rest)) = data.split_first() else { return };
     let strategy = Strategy::ALL[head as usize % Strategy::ALL.len()];
-    let ts: Vec<Tensor> = rest.chunks_exact(RECORD).take(MAX_TENSORS).enumerate().map(|(k, r)| tensor(k, r)).collect();
+    let ts: Vec<Tensor> = if head & 0x20 != 0 {
+        generated(rest)
+    } else {
+        rest.chunks_exact(RECORD).take(MAX_TENSORS).enumerate().map(|(k, r)| tensor(k, r)).collect()
+    };
     let budget = Budget {
         max_steps: 300,
         max_nodes: 2_000,
