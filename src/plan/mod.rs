@@ -430,9 +430,10 @@ fn fit_into(tensors: &[Tensor], placed: &mut Placed, order: &[usize], best_fit: 
     top
 }
 
-/// The bytes a plan's tensors stick out above `bound`, summed (the local search's second criterion).
+/// The bytes a plan's tensors stick out above `bound`, summed (the local search's second criterion;
+/// saturating, as everywhere this is summed: with alignments of 2^62 a plan reaches past 2^63).
 fn overflow(tensors: &[Tensor], offsets: &[u64], bound: u64) -> u64 {
-    tensors.iter().zip(offsets).map(|(t, &o)| (o + t.size).saturating_sub(bound)).sum()
+    tensors.iter().zip(offsets).fold(0u64, |over, (t, &o)| over.saturating_add((o + t.size).saturating_sub(bound)))
 }
 
 /// A step of the local search or of a window repair, as [`refit`] uses it: the order before the step and after it
@@ -493,7 +494,7 @@ fn decode_from(
         let o = prev[i];
         offsets[i] = o;
         top = top.max(o + t.size);
-        over += (o + t.size).saturating_sub(bound);
+        over = over.saturating_add((o + t.size).saturating_sub(bound));
     }
     // Tensors at one offset in the order they were placed (as `fit_into` inserts them: after the
     // ones at the same offset).
@@ -505,7 +506,7 @@ fn decode_from(
     let fitted = refit(tensors, order, step, prev, placed, offsets, |i, off| {
         let end = off + tensors[i].size;
         top = top.max(end);
-        over += end.saturating_sub(bound);
+        over = over.saturating_add(end.saturating_sub(bound));
         !worse(top, over)
     });
     fitted.then_some((top, over))
@@ -992,10 +993,10 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         // (plan size, highest end over the window, bytes above the bound) of the free tensors' layout
         // (each of them lives in the window).
         let score = |offsets: &[u64]| -> (u64, u64, u64) {
-            let (mut top, mut over) = (0, 0);
+            let (mut top, mut over) = (0, 0u64);
             for &i in &free {
                 let end = offsets[i] + tensors[i].size;
-                over += end.saturating_sub(bound);
+                over = over.saturating_add(end.saturating_sub(bound));
                 top = top.max(end);
             }
             (top.max(fixed_top), top.max(window_top), over)
@@ -1075,8 +1076,9 @@ pub(super) fn relayout(
     let mut placed = Placed::with_capacity(n);
     placed.copy_from(&fixed_set);
     let top = fixed_top.max(fit_into(tensors, &mut placed, &order, false, offsets));
-    let over =
-        |o: &[u64], of: &[usize]| -> u64 { of.iter().map(|&i| (o[i] + tensors[i].size).saturating_sub(bound)).sum() };
+    let over = |o: &[u64], of: &[usize]| -> u64 {
+        of.iter().fold(0u64, |v, &i| v.saturating_add((o[i] + tensors[i].size).saturating_sub(bound)))
+    };
     let mut cur = (top, over(offsets, &order));
     // `now`: the offsets of the kept order's layout; `cand_off`: the candidate's.
     let mut now = offsets.to_vec();
@@ -1098,7 +1100,7 @@ pub(super) fn relayout(
         let fitted = refit_among(tensors, &fixed_set, &cand, step, &now, &mut placed, &mut cand_off, |x, off| {
             let end = off + tensors[x].size;
             top = top.max(end);
-            over += end.saturating_sub(bound);
+            over = over.saturating_add(end.saturating_sub(bound));
             (top, over) <= cur
         });
         if fitted && (top, over) <= cur {
@@ -1518,6 +1520,27 @@ mod tests {
         for s in Strategy::ALL {
             let p = plan_with(&ts, s, Budget::default()).unwrap();
             assert_eq!((p.arena_size, p.lower_bound, p.best_bound), (150, 150, 150), "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn huge_alignments_plan_without_overflow() {
+        // Three tensors aligned to 2^62 live together, so the plan reaches past 2^63: the bytes above
+        // the lower bound that the local search sums overflowed (a panic in a debug build, found by
+        // the planner's fuzz target with debug assertions).
+        let a = 1u64 << 62;
+        let ts = vec![
+            Tensor { align: a, ..t("a", 32_768, 0, 0) },
+            Tensor { align: a, ..t("b", 32_896, 0, 34) },
+            Tensor { align: a, ..t("c", 32_896, 0, 0) },
+            t("d", 58_082, 0, 0),
+            t("e", 32_648, 0, 0),
+        ];
+        for s in Strategy::ALL {
+            let budget = Budget { max_steps: 300, max_nodes: 2_000, max_time: Duration::from_secs(10), seed: 74 };
+            let p = plan_with(&ts, s, budget).unwrap();
+            validate(&ts, &p.offsets, p.arena_size).unwrap();
+            assert!(p.arena_size > 2 * a, "{}: {}", s.name(), p.arena_size);
         }
     }
 
