@@ -7,6 +7,8 @@
 # (which needs -Zbuild-std for some sanitizers) is not used: `-s none` builds with coverage only; the
 # targets check their results themselves instead. A crash leaves its input under
 # fuzz/artifacts/TARGET/; replay it with `cargo +nightly fuzz run -s none TARGET <that file>`.
+# FUZZ_ASSERTS=1 builds with debug assertions, so that integer overflow panics (as a debug build
+# of a user's program would) instead of wrapping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-600}
@@ -16,15 +18,19 @@ case "$target" in
     ops | plan) ;;
     *) echo "fuzz.sh: unknown target '$target' (ops or plan)" >&2; exit 2 ;;
 esac
+asserts=()
+if [ "${FUZZ_ASSERTS:-0}" = 1 ]; then
+    asserts=(-a)
+fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 mkdir -p "fuzz/corpus/$target"
 cd fuzz
-cargo +nightly fuzz build -s none -O "$target"
+cargo +nightly fuzz build -s none -O "${asserts[@]}" "$target"
 par=()
 if [ "$jobs" -gt 1 ]; then
     # Parallel jobs write their output to fuzz/fuzz-N.log.
     par=(-jobs="$jobs" -workers="$jobs")
 fi
 # EDGEPOOL_* options pass through to the target: EDGEPOOL_SECURE=1 scripts/fuzz.sh fuzzes the hardened mode.
-cargo +nightly fuzz run -s none -O "$target" "corpus/$target" -- \
+cargo +nightly fuzz run -s none -O "${asserts[@]}" "$target" "corpus/$target" -- \
     -max_total_time="$secs" "${par[@]}" -rss_limit_mb=4096 -max_len=4096 -print_final_stats=1
