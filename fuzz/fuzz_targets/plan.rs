@@ -53,9 +53,9 @@ fn tensor(k: usize, r: &[u8]) -> Tensor {
 }
 
 /// An instance of `edgepool::plan::hard` (full at every op, so the tiling search runs too) from the
-/// first 11 bytes (kind, count, unit, bound, seed), then changed by each 3 bytes after them: a
-/// tensor made smaller, living an op longer, or given an alignment (which leaves room at some ops,
-/// for the other searches).
+/// first 11 bytes (count, unit, bound, seed; the seed's lowest bit picks tiling or guillotine cuts),
+/// then changed by each 3 bytes after them: a tensor made smaller, living an op longer, or given an
+/// alignment (which leaves room at some ops, for the other searches).
 fn generated(r: &[u8]) -> Vec<Tensor> {
     let Some((spec, edits)) = r.split_first_chunk::<11>() else { return Vec::new() };
     let seed = u64::from_le_bytes(spec[3..11].try_into().expect("8 bytes"));
@@ -122,11 +122,7 @@ fn optimum(ts: &[Tensor]) -> u64 {
     }
     let mut best = u64::MAX;
     orders(0, &mut (0..ts.len()).collect(), ts, &mut best);
-    if ts.is_empty() {
-        0
-    } else {
-        best
-    }
+    best
 }
 
 /// The most bytes live at one op: the peak is at some tensor's first op.
@@ -209,7 +205,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(arena.size() as u64, p.arena_size);
                 assert_eq!(arena.as_ptr() as usize % arena.align(), 0);
                 for (k, (t, &o)) in ts.iter().zip(&p.offsets).enumerate() {
-                    // Ids are unique here (`t{k}`).
+                    // Ids are unique here (`t{k}`, or the generator's numbering).
                     assert_eq!(arena.range(&t.id), Some((o as usize, t.size as usize)), "{k}");
                 }
                 for at in &ts {
