@@ -563,12 +563,10 @@ impl Buddy {
         let (idx, mut flags, mut d) = self.take(order)?;
         let mut lo = idx;
         let top_end = idx + pages(order) - n;
-        let high = if align_order == MIN_ORDER && n < pages(order) && d > 0 {
-            let high = self.count_dirty(top_end, n);
-            (high > self.count_dirty(idx, n)).then_some(high)
-        } else {
-            None
-        };
+        // The block's dirty pages at its end and at its start, counted only where it is partly dirty.
+        let high = (align_order == MIN_ORDER && n < pages(order))
+            .then(|| self.dirty_within(top_end, n, d, pages(order)))
+            .filter(|&high| high > self.dirty_within(idx, n, d, pages(order)));
         if let Some(high) = high {
             // The block's resident pages are at its end: the run goes there, and the pages below it
             // go back.
