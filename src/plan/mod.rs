@@ -430,10 +430,17 @@ fn fit_into(tensors: &[Tensor], placed: &mut Placed, order: &[usize], best_fit: 
     top
 }
 
-/// The bytes a plan's tensors stick out above `bound`, summed (the local search's second criterion;
-/// saturating, as everywhere this is summed: with alignments of 2^62 a plan reaches past 2^63).
+/// `over` plus the bytes of a tensor ending at `end` above `bound`: every sum of the bytes that
+/// stick out (the local search's second criterion) is made with it, saturating (with alignments of
+/// 2^62 a plan reaches past 2^63, and such a sum overflowed).
+#[inline]
+fn add_above(over: u64, end: u64, bound: u64) -> u64 {
+    over.saturating_add(end.saturating_sub(bound))
+}
+
+/// The bytes a plan's tensors stick out above `bound`, summed ([`add_above`]).
 fn overflow(tensors: &[Tensor], offsets: &[u64], bound: u64) -> u64 {
-    tensors.iter().zip(offsets).fold(0u64, |over, (t, &o)| over.saturating_add((o + t.size).saturating_sub(bound)))
+    tensors.iter().zip(offsets).fold(0, |over, (t, &o)| add_above(over, o + t.size, bound))
 }
 
 /// A step of the local search or of a window repair, as [`refit`] uses it: the order before the step and after it
@@ -494,7 +501,7 @@ fn decode_from(
         let o = prev[i];
         offsets[i] = o;
         top = top.max(o + t.size);
-        over = over.saturating_add((o + t.size).saturating_sub(bound));
+        over = add_above(over, o + t.size, bound);
     }
     // Tensors at one offset in the order they were placed (as `fit_into` inserts them: after the
     // ones at the same offset).
@@ -506,7 +513,7 @@ fn decode_from(
     let fitted = refit(tensors, order, step, prev, placed, offsets, |i, off| {
         let end = off + tensors[i].size;
         top = top.max(end);
-        over = over.saturating_add(end.saturating_sub(bound));
+        over = add_above(over, end, bound);
         !worse(top, over)
     });
     fitted.then_some((top, over))
@@ -993,10 +1000,10 @@ fn repair_windows(tensors: &[Tensor], bound: u64, until: Instant, seed: u64, ste
         // (plan size, highest end over the window, bytes above the bound) of the free tensors' layout
         // (each of them lives in the window).
         let score = |offsets: &[u64]| -> (u64, u64, u64) {
-            let (mut top, mut over) = (0, 0u64);
+            let (mut top, mut over) = (0, 0);
             for &i in &free {
                 let end = offsets[i] + tensors[i].size;
-                over = over.saturating_add(end.saturating_sub(bound));
+                over = add_above(over, end, bound);
                 top = top.max(end);
             }
             (top.max(fixed_top), top.max(window_top), over)
@@ -1076,9 +1083,8 @@ pub(super) fn relayout(
     let mut placed = Placed::with_capacity(n);
     placed.copy_from(&fixed_set);
     let top = fixed_top.max(fit_into(tensors, &mut placed, &order, false, offsets));
-    let over = |o: &[u64], of: &[usize]| -> u64 {
-        of.iter().fold(0u64, |v, &i| v.saturating_add((o[i] + tensors[i].size).saturating_sub(bound)))
-    };
+    let over =
+        |o: &[u64], of: &[usize]| -> u64 { of.iter().fold(0, |v, &i| add_above(v, o[i] + tensors[i].size, bound)) };
     let mut cur = (top, over(offsets, &order));
     // `now`: the offsets of the kept order's layout; `cand_off`: the candidate's.
     let mut now = offsets.to_vec();
@@ -1100,7 +1106,7 @@ pub(super) fn relayout(
         let fitted = refit_among(tensors, &fixed_set, &cand, step, &now, &mut placed, &mut cand_off, |x, off| {
             let end = off + tensors[x].size;
             top = top.max(end);
-            over = over.saturating_add(end.saturating_sub(bound));
+            over = add_above(over, end, bound);
             (top, over) <= cur
         });
         if fitted && (top, over) <= cur {
